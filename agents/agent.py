@@ -1,0 +1,203 @@
+"""The in-process agent: the public API a training script calls.
+
+Hot-path rule: ``log()`` and ``event()`` only append to a bounded deque. They never block
+on the network and never raise into the training loop; everything else happens on the
+:class:`~trainvigil.agents.worker.Worker` thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing.util
+import os
+import sys
+import time
+import weakref
+from collections import Counter, deque
+from types import TracebackType
+from typing import Any
+
+from trainvigil.schemas import Record, RunEvent, RunStart, Source
+
+from .columnar import Entry
+from .options import AgentOptions, announce_run_id, resolve
+from .worker import Worker
+
+log = logging.getLogger("trainvigil.agent")
+
+_live: weakref.WeakSet[Agent] = weakref.WeakSet()
+_orphans: list[Worker] = []  # a forked child keeps its parent's dead worker alive, never closes it
+_now = time.time
+_VERSION = "0.1.0"
+
+
+class Agent:
+    """Streams one training process's metrics to the trainvigil daemon.
+
+    Create it with :func:`trainvigil.init`. Use it as a context manager or call
+    :meth:`close`; an interpreter exit also flushes it within ``close_timeout``.
+    """
+
+    def __init__(self, options: AgentOptions) -> None:
+        self.options = options
+        self._max_buffer = options.max_buffer if options.enabled else 0
+        self._closed = False
+        self._hot_drops: Counter[str] = Counter()
+        self._last_step: int | None = None
+        self._start()
+        _live.add(self)
+        atexit.register(_close_at_exit, weakref.ref(self))
+        multiprocessing.util.register_after_fork(self, Agent._after_mp_fork)
+
+    def _start(self) -> None:
+        opts = self.options
+        self.source = Source(
+            run_id=opts.run_id,
+            rank=opts.rank,
+            world_size=opts.world_size,
+            local_rank=opts.local_rank,
+            host=opts.host,
+            pid=os.getpid(),
+        )
+        self._steps: deque[Entry] = deque()
+        self._records: deque[Record] = deque()
+        self._worker: Worker | None = None
+        if not opts.enabled:
+            return
+        self._records.append(RunStart(time=time.time(), argv=list(sys.argv), agent_version=_VERSION))
+        self._worker = Worker(
+            opts, self.source, self._steps, self._records, self._hot_drops.copy, lambda: self._last_step
+        )
+        self._worker.start()
+
+    @property
+    def run_id(self) -> str:
+        return self.options.run_id
+
+    @property
+    def rank(self) -> int:
+        return self.options.rank
+
+    # ---- hot path ------------------------------------------------------------------------
+
+    def log(self, step: int, /, **metrics: float) -> None:
+        """Record metrics for ``step``: known names (loss, grad_norm, lr, step_time, samples,
+        tokens, reward, entropy, kl) and any custom name. Values are numbers (Python, NumPy,
+        or 0-d tensors). Never blocks and never raises; if the buffer is full the call is
+        dropped and counted.
+        """
+        steps = self._steps
+        if len(steps) < self._max_buffer:
+            steps.append((step, _now(), metrics))
+            self._last_step = step
+        else:
+            self._hot_drops["closed" if self._closed else "queue_full"] += 1
+
+    def event(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
+        """Record a run-level event (``kind`` names it; ``fields`` are JSON-like values)."""
+        if len(self._records) < self._max_buffer:
+            self._records.append(RunEvent(time=time.time(), kind=str(kind), step=step, fields=fields))
+        else:
+            self._hot_drops["closed" if self._closed else "queue_full"] += 1
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def close(self, timeout: float | None = None, *, status: str = "ok") -> bool:
+        """Flush everything buffered and stop, waiting at most ``timeout`` seconds.
+
+        Returns ``True`` when every event reached the broker. Events still undelivered at
+        the deadline are counted as dropped (``close_timeout``) and logged. Safe to call
+        twice.
+        """
+        if self._closed:
+            return self._delivered_all()
+        self._closed = True
+        self._max_buffer = 0
+        worker = self._worker
+        if worker is None:
+            return True
+        timeout = self.options.close_timeout if timeout is None else timeout
+        worker.request_close(timeout, status)
+        worker.thread.join(timeout + 2.0)
+        return self._delivered_all()
+
+    def _delivered_all(self) -> bool:
+        worker = self._worker
+        return worker is None or ("close_timeout" not in worker.drops and not worker.thread.is_alive())
+
+    def stats(self) -> dict[str, Any]:
+        """Delivery counters: connected, delivered/pending events, spilled bytes, drops by reason."""
+        if self._worker is None:
+            return {"connected": False, "dropped": dict(self._hot_drops)}
+        return self._worker.stats()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(status="ok" if exc_type is None else "error")
+
+    # ---- fork ----------------------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child gets a fresh agent of its own: new buffers, new thread, new
+        connection. The parent's buffered events stay with the parent (no duplicates)."""
+        self._hot_drops = Counter()
+        self._last_step = None
+        if self._worker is not None:
+            _orphans.append(self._worker)
+        if self._closed:
+            self._worker = None
+            return
+        self._start()
+
+    @staticmethod
+    def _after_mp_fork(agent: Agent) -> None:
+        # multiprocessing children leave through os._exit, which skips atexit: flush from a
+        # multiprocessing finalizer instead (they run before that exit).
+        multiprocessing.util.Finalize(agent, agent.close, exitpriority=100)
+
+
+def _after_fork() -> None:
+    for agent in list(_live):
+        agent._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _close_at_exit(ref: weakref.ref[Agent]) -> None:
+    agent = ref()
+    if agent is not None and not agent._closed:
+        agent.close()
+
+
+def init(
+    run_id: str | None = None,
+    rank: int | None = None,
+    nats_url: str | None = None,
+    **options: Any,
+) -> Agent:
+    """Start an agent for this process.
+
+    Args:
+        run_id: shared by all ranks of one job; default ``VIGIL_RUN_ID``, else torchrun's
+            run id, else generated and printed once.
+        rank: default ``RANK`` from the environment (torchrun sets it), else 0.
+        nats_url: default ``VIGIL_NATS_URL``, else ``nats://127.0.0.1:4222``.
+        **options: any :class:`~trainvigil.agents.options.AgentOptions` field, e.g.
+            ``flush_interval=0.5``.
+
+    Raises:
+        ConfigError: an unknown option or an invalid value (before training starts).
+    """
+    opts, generated = resolve(run_id, rank, nats_url, options)
+    if generated and opts.enabled:
+        announce_run_id(opts.run_id)
+    return Agent(opts)
+
+
+__all__ = ["Agent", "init"]

@@ -1,0 +1,321 @@
+"""The agent's background thread: batches, encodes and publishes, with its own event loop.
+
+The training thread only appends to two deques; this thread drains them on a size or
+time trigger, encodes columnar envelopes into an :class:`Outbox` and publishes the
+outbox to JetStream in order, ``max_inflight`` messages per round trip. While the broker
+is away the outbox grows (memory, then spill file) and is replayed on reconnect; every
+message carries a ``Nats-Msg-Id`` so a resend after a lost ack is de-duplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from trainvigil.schemas import (
+    Envelope,
+    Heartbeat,
+    Record,
+    RunEnd,
+    RunEvent,
+    Source,
+    StepBatch,
+    data_subject,
+    encode,
+    run_token,
+)
+from trainvigil.schemas.subjects import Kind
+
+from .columnar import Entry, StepBatchBuilder, split_step_batch
+from .options import AgentOptions
+from .outbox import Outbox, OutMsg
+
+log = logging.getLogger("trainvigil.agent")
+
+_CHUNK = 256  # entries packed per slice of worker time (keeps each GIL hold well under 1 ms)
+_MAX_PAYLOAD = 768 * 1024  # below nats-server's default 1 MiB max_payload, with room for headers
+_POLL = 0.02  # seconds between checks of the buffers; cheap, and bounds flush latency
+_KIND_OF: dict[type, Kind] = {RunEvent: "run", RunEnd: "run", Heartbeat: "hb"}
+
+
+class Worker:
+    """Owns the broker connection and everything after the two hot-path deques."""
+
+    def __init__(
+        self,
+        options: AgentOptions,
+        source: Source,
+        steps: deque[Entry],
+        records: deque[Record],
+        hot_drops: Callable[[], Counter[str]],
+        last_step: Callable[[], int | None],
+    ) -> None:
+        self.options = options
+        self.source = source
+        self._steps = steps
+        self._records = records
+        self._hot_drops = hot_drops
+        self._last_step = last_step
+        self.drops: Counter[str] = Counter()
+        self._seq = 0
+        self._outbox = Outbox(
+            options.max_memory_bytes,
+            options.spill_dir / f"{self._spill_name()}.spill",
+            options.max_spill_bytes,
+        )
+        self._nc: NATS | None = None
+        self._js: Any = None
+        self._connected = False
+        self._closing = threading.Event()
+        self._deadline = 0.0
+        self._end_status = "ok"
+        self.delivered_events = 0
+        self._reported_drops = 0
+        self._last_report = 0.0
+        self._last_error = ""
+        self.thread = threading.Thread(target=self._thread_main, name="trainvigil-agent", daemon=True)
+
+    def _spill_name(self) -> str:
+        return f"{run_token(self.source.run_id)}-r{self.source.rank}-p{self.source.pid}"
+
+    # ---- called from the training thread -------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def request_close(self, timeout: float, status: str) -> None:
+        self._end_status = status
+        self._deadline = time.monotonic() + timeout
+        self._closing.set()
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for ``Agent.stats()``; values are read without locks (approximate)."""
+        return {
+            "connected": self._connected,
+            "delivered_events": self.delivered_events,
+            "pending_events": self._outbox.pending_events,
+            "spilled_bytes": self._outbox.spilled_bytes,
+            "dropped": dict(self.all_drops()),
+            "last_error": self._last_error,
+        }
+
+    def all_drops(self) -> Counter[str]:
+        return self.drops + self._hot_drops()
+
+    # ---- the thread ----------------------------------------------------------------------
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception:  # never let the thread die silently; the training loop is unaffected
+            log.exception("trainvigil agent worker crashed; metrics from now on are dropped")
+
+    async def _main(self) -> None:
+        connector = asyncio.create_task(self._connect())
+        sender = asyncio.create_task(self._send_loop())
+        next_flush = time.monotonic() + self.options.flush_interval
+        next_heartbeat = time.monotonic()
+        try:
+            while not self._closing.is_set():
+                now = time.monotonic()
+                if now >= next_flush or len(self._steps) >= self.options.batch_size or self._records:
+                    await self._collect()
+                    next_flush = now + self.options.flush_interval
+                if now >= next_heartbeat:
+                    self._push_records([self._heartbeat()])
+                    next_heartbeat = now + self.options.heartbeat_interval
+                self._report_drops()
+                await asyncio.sleep(_POLL)
+            await self._collect()
+            self._push_records([self._run_end()])
+            while len(self._outbox) and time.monotonic() < self._deadline:
+                await asyncio.sleep(_POLL)
+        finally:
+            connector.cancel()
+            sender.cancel()
+            await asyncio.gather(connector, sender, return_exceptions=True)
+            self._finish()
+
+    def _finish(self) -> None:
+        lost = self._outbox.pending_events
+        if lost:
+            self.drops["close_timeout"] += lost
+            log.warning(
+                "trainvigil: %d events not delivered before close() deadline (broker %s unreachable?)",
+                lost,
+                self.options.nats_url,
+            )
+            self._outbox.discard_spill()
+        self._report_drops(force=True)
+
+    async def _close_connection(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._nc.close(), timeout=1.0)
+
+    # ---- batching ------------------------------------------------------------------------
+
+    async def _collect(self) -> None:
+        """Drain both deques into encoded messages on the outbox, in GIL-friendly chunks."""
+        steps = self._steps
+        remaining = len(steps)  # what is there now; later calls pick up the rest
+        while remaining:
+            builder = StepBatchBuilder()
+            while remaining and builder.rows < self.options.batch_size:
+                take = min(remaining, _CHUNK, self.options.batch_size - builder.rows)
+                builder.add([steps.popleft() for _ in range(take)])
+                remaining -= take
+                await asyncio.sleep(0)
+            self.drops.update(builder.dropped)
+            batch = builder.finish(time.time())
+            if batch is not None:
+                self._push_steps(batch)
+        records = []
+        while self._records:
+            records.append(self._records.popleft())
+        if records:
+            self._push_records(records)
+
+    def _push_steps(self, batch: StepBatch) -> None:
+        subject = data_subject(self.source.run_id, "metrics")
+        payload = self._encode([batch])
+        if len(payload) <= _MAX_PAYLOAD:
+            self._push(subject, payload, len(batch.step) // 8)
+            return
+        for part in split_step_batch(batch, len(payload) // _MAX_PAYLOAD + 1):
+            self._push(subject, self._encode([part]), len(part.step) // 8)
+
+    def _push_records(self, records: list[Record]) -> None:
+        by_kind: dict[Kind, list[Record]] = {}
+        for record in records:
+            by_kind.setdefault(_KIND_OF.get(type(record), "run"), []).append(record)
+        for kind, group in by_kind.items():
+            self._push(data_subject(self.source.run_id, kind), self._encode(group), len(group))
+
+    def _encode(self, records: list[Record]) -> bytes:
+        self._seq += 1
+        return encode(Envelope(source=self.source, seq=self._seq, records=records))
+
+    def _push(self, subject: str, payload: bytes, events: int) -> None:
+        msg_id = f"{self.source.run_id}/{self.source.rank}/{self.source.host}/{self.source.pid}/{self._seq}"
+        if not self._outbox.push(OutMsg(subject, msg_id, payload, events)):
+            self.drops["spill_full"] += events
+
+    def _heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            time=time.time(),
+            last_step=self._last_step(),
+            buffered=len(self._steps) + self._outbox.pending_events,
+            spilled_bytes=self._outbox.spilled_bytes,
+            connected=self._connected,
+            dropped=dict(self.all_drops()),
+        )
+
+    def _run_end(self) -> RunEnd:
+        return RunEnd(
+            time=time.time(),
+            status=self._end_status,
+            last_step=self._last_step(),
+            dropped=dict(self.all_drops()),
+        )
+
+    def _report_drops(self, force: bool = False) -> None:
+        total = sum(self.all_drops().values())
+        now = time.monotonic()
+        if total > self._reported_drops and (force or now - self._last_report > 10.0):
+            log.warning("trainvigil: %d events dropped so far %s", total, dict(self.all_drops()))
+            self._reported_drops = total
+            self._last_report = now
+
+    # ---- the broker ----------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        async def on_disconnect() -> None:
+            self._connected = False
+
+        async def on_reconnect() -> None:
+            self._connected = True
+
+        async def on_error(exc: Exception) -> None:
+            self._last_error = repr(exc)
+
+        delay = 0.1
+        while True:
+            try:
+                self._nc = await nats.connect(
+                    self.options.nats_url,
+                    name=f"trainvigil-agent {self.source.run_id}/{self.source.rank}",
+                    connect_timeout=1,
+                    reconnect_time_wait=0.25,
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                    error_cb=on_error,
+                    pending_size=16 * 2**20,
+                )
+                self._js = self._nc.jetstream(publish_async_max_pending=self.options.max_inflight * 2)
+                self._connected = True
+                try:
+                    await asyncio.Future()  # hold the connection until cancelled
+                finally:
+                    await self._close_connection()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._last_error = repr(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _send_loop(self) -> None:
+        """Publish the outbox oldest first; drop from it only what JetStream acknowledged."""
+        backoff = 0.05
+        while True:
+            js = self._js
+            if js is None or not self._connected or not len(self._outbox):
+                await asyncio.sleep(_POLL)
+                continue
+            msgs = self._outbox.peek(self.options.max_inflight)
+            acked = await self._publish_round(js, msgs)
+            self._outbox.pop(acked)
+            self.delivered_events += sum(m.events for m in msgs[:acked])
+            if acked < len(msgs):
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+            else:
+                backoff = 0.05
+
+    async def _publish_round(self, js: Any, msgs: list[OutMsg]) -> int:
+        """Publish ``msgs`` pipelined; return how many from the front were acknowledged."""
+        timeout = self.options.ack_timeout
+        futures = []
+        try:
+            for m in msgs:
+                fut = await js.publish_async(
+                    m.subject, m.payload, wait_stall=timeout, headers={"Nats-Msg-Id": m.msg_id}
+                )
+                futures.append(fut)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._last_error = repr(exc)
+        results = await asyncio.gather(
+            *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True
+        )
+        acked = 0
+        for result in results:
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError) and self._closing.is_set():
+                    raise result
+                self._last_error = repr(result)
+                break
+            acked += 1
+        return acked

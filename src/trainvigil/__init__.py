@@ -1,0 +1,14 @@
+"""trainvigil: observability for ML training.
+
+Two lines in a training script::
+
+    import trainvigil
+    vigil = trainvigil.init()            # VIGIL_NATS_URL, VIGIL_RUN_ID, RANK... from the env
+    vigil.log(step, loss=loss, lr=lr)    # never blocks, never raises
+"""
+
+from trainvigil.agents import Agent, init
+from trainvigil.errors import VigilError
+
+__version__ = "0.1.0"
+__all__ = ["Agent", "VigilError", "__version__", "init"]
