@@ -7,6 +7,7 @@ would stall ``log()`` for up to the interpreter's switch interval (5 ms).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -122,13 +123,11 @@ def split_step_batch(batch: StepBatch, parts: int) -> Iterable[StepBatch]:
     """Cut ``batch`` into ``parts`` consecutive batches of about equal length."""
     n = len(batch.step) // 8
     bounds = np.linspace(0, n, parts + 1).astype(int)
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         if hi <= lo:
             continue
         columns = {
-            name: Column(
-                values=col.values[lo * 8 : hi * 8], present=col.present[lo:hi] if col.present else b""
-            )
+            name: Column(values=col.values[lo * 8 : hi * 8], present=col.present[lo:hi] if col.present else b"")
             for name, col in batch.columns.items()
         }
         yield StepBatch(

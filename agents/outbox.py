@@ -7,6 +7,7 @@ Only the publisher thread touches an Outbox.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from collections import deque
@@ -116,10 +117,8 @@ class Outbox:
     def discard_spill(self) -> None:
         """Forget the spill file (it has been read back in full)."""
         self._spill_write = self._spill_read = self._spilled_events = 0
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._spill_path)
-        except FileNotFoundError:
-            pass
 
     @property
     def spill_path(self) -> Path:

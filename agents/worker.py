@@ -307,9 +307,7 @@ class Worker:
             raise
         except Exception as exc:
             self._last_error = repr(exc)
-        results = await asyncio.gather(
-            *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True
-        )
+        results = await asyncio.gather(*(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True)
         acked = 0
         for result in results:
             if isinstance(result, BaseException):

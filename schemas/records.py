@@ -180,17 +180,7 @@ class CanaryResult(_Record, frozen=True, tag="canary"):
     detail: str = ""
 
 
-Record = (
-    StepBatch
-    | RunStart
-    | RunEnd
-    | RunEvent
-    | Heartbeat
-    | GilSample
-    | CheckpointDigest
-    | Anomaly
-    | CanaryResult
-)
+Record = StepBatch | RunStart | RunEnd | RunEvent | Heartbeat | GilSample | CheckpointDigest | Anomaly | CanaryResult
 RECORD_TYPES: tuple[type[msgspec.Struct], ...] = (
     StepBatch,
     RunStart,
