@@ -1,0 +1,1 @@
+"""trainvigil.daemon: the sidecar that ingests, detects, stores and answers SQL."""

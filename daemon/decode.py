@@ -1,0 +1,170 @@
+"""Decode fetched messages into one columnar :class:`IngestBatch` (pure: no broker, no DuckDB).
+
+Anything that cannot be read becomes a :class:`DeadLetter` with its reason; one bad
+message never spoils the rest of its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from trainvigil.schemas import (
+    KNOWN_METRICS,
+    Anomaly,
+    CanaryResult,
+    CheckpointDigest,
+    Envelope,
+    GilSample,
+    Heartbeat,
+    RunEnd,
+    RunEvent,
+    RunStart,
+    Source,
+    StepBatch,
+    decode,
+)
+
+from trainvigil.errors import WireError
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """What the ingest stage hands over: subject, payload and JetStream stream sequence."""
+
+    subject: str
+    data: bytes
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    subject: str
+    seq: int
+    reason: str
+    error: str
+    data: bytes
+
+
+@dataclass(slots=True)
+class StepColumns:
+    """One message's steps as arrays (zero-copy views of the payload where possible)."""
+
+    source: Source
+    step: np.ndarray
+    times: np.ndarray
+    known: dict[str, tuple[np.ndarray, np.ndarray | None]]
+    """Known metric name → (float64 values, bool presence mask or None for all present)."""
+    custom: dict[str, tuple[np.ndarray, np.ndarray | None]]
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+@dataclass(slots=True)
+class IngestBatch:
+    """Everything decoded from one fetch, grouped by destination table."""
+
+    steps: list[StepColumns] = field(default_factory=list)
+    run_starts: list[tuple[Source, RunStart]] = field(default_factory=list)
+    run_ends: list[tuple[Source, RunEnd]] = field(default_factory=list)
+    events: list[tuple[Source, RunEvent]] = field(default_factory=list)
+    heartbeats: list[tuple[Source, Heartbeat]] = field(default_factory=list)
+    gil_samples: list[tuple[Source, GilSample]] = field(default_factory=list)
+    checkpoints: list[tuple[Source, CheckpointDigest]] = field(default_factory=list)
+    anomalies: list[Anomaly] = field(default_factory=list)
+    canaries: list[CanaryResult] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    messages: int = 0
+    max_seq: int = 0
+
+    @property
+    def step_rows(self) -> int:
+        return sum(len(s) for s in self.steps)
+
+    @property
+    def events_ingested(self) -> int:
+        """Agent events this batch carries (a step counts once, however many metrics)."""
+        return (
+            self.step_rows
+            + len(self.run_starts)
+            + len(self.run_ends)
+            + len(self.events)
+            + len(self.heartbeats)
+            + len(self.gil_samples)
+            + len(self.checkpoints)
+        )
+
+
+def _floats(raw: bytes, n: int, name: str) -> np.ndarray:
+    if len(raw) != 8 * n:
+        raise WireError(f"column {name!r} holds {len(raw)} bytes, expected {8 * n}", reason="invalid_batch")
+    return np.frombuffer(raw, dtype="<f8")
+
+
+def step_columns(source: Source, batch: StepBatch) -> StepColumns:
+    """Check a StepBatch's shape and view its arrays.
+
+    Raises:
+        WireError: lengths disagree (``reason="invalid_batch"``).
+    """
+    if len(batch.step) % 8:
+        raise WireError(f"step array of {len(batch.step)} bytes is not int64s", reason="invalid_batch")
+    n = len(batch.step) // 8
+    step = np.frombuffer(batch.step, dtype="<i8")
+    times = _floats(batch.times, n, "times")
+    known: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    custom: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    for name, column in batch.columns.items():
+        values = _floats(column.values, n, name)
+        mask = None
+        if column.present:
+            if len(column.present) != n:
+                raise WireError(
+                    f"column {name!r} presence mask has {len(column.present)} entries, expected {n}",
+                    reason="invalid_batch",
+                )
+            mask = np.frombuffer(column.present, dtype=np.uint8).astype(bool)
+        (known if name in KNOWN_METRICS else custom)[name] = (values, mask)
+    return StepColumns(source=source, step=step, times=times, known=known, custom=custom)
+
+
+def _add_records(batch: IngestBatch, envelope: Envelope) -> None:
+    source = envelope.source
+    if not source.run_id:
+        raise WireError("envelope source has an empty run_id", reason="invalid")
+    # Check every step batch before taking anything, so a bad message is dead-lettered whole.
+    steps = [step_columns(source, r) for r in envelope.records if isinstance(r, StepBatch)]
+    for record in envelope.records:
+        if isinstance(record, RunStart):
+            batch.run_starts.append((source, record))
+        elif isinstance(record, RunEnd):
+            batch.run_ends.append((source, record))
+        elif isinstance(record, RunEvent):
+            batch.events.append((source, record))
+        elif isinstance(record, Heartbeat):
+            batch.heartbeats.append((source, record))
+        elif isinstance(record, GilSample):
+            batch.gil_samples.append((source, record))
+        elif isinstance(record, CheckpointDigest):
+            batch.checkpoints.append((source, record))
+        elif isinstance(record, Anomaly):
+            batch.anomalies.append(record)
+        elif isinstance(record, CanaryResult):
+            batch.canaries.append(record)
+    batch.steps.extend(steps)
+
+
+def decode_batch(messages: Iterable[RawMessage]) -> IngestBatch:
+    """Decode ``messages``; unreadable ones go to ``dead_letters`` with their reason."""
+    batch = IngestBatch()
+    for msg in messages:
+        batch.messages += 1
+        batch.max_seq = max(batch.max_seq, msg.seq)
+        try:
+            envelope = decode(msg.data)
+            _add_records(batch, envelope)
+        except WireError as exc:
+            batch.dead_letters.append(DeadLetter(msg.subject, msg.seq, exc.reason, str(exc), msg.data))
+    return batch

@@ -1,0 +1,1 @@
+"""Streaming anomaly detectors (the ingest seam)."""

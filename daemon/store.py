@@ -1,0 +1,391 @@
+"""The DuckDB store: the one writer, one transaction per fetched batch.
+
+Each batch is committed together with the highest stream sequence it covers
+(``ingest_offsets``), so after a crash the daemon resumes exactly after the last commit:
+nothing lost, nothing applied twice. ``steps`` has one row per (run_id, rank, step);
+metrics for a step that arrive in several messages are merged into that row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import msgspec
+import numpy as np
+import pyarrow as pa
+from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
+
+from .decode import IngestBatch, StepColumns
+
+SCHEMA_VERSION = 1
+_METRIC_COLS = ", ".join(f"{m} DOUBLE" for m in KNOWN_METRICS)
+DDL = f"""
+CREATE TABLE IF NOT EXISTS schema_info (version INTEGER);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY,
+    first_seen TIMESTAMP,
+    last_seen TIMESTAMP,
+    world_size INTEGER,
+    status VARCHAR,
+    ended_at TIMESTAMP,
+    argv JSON
+);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    time TIMESTAMP,
+    {_METRIC_COLS},
+    extra MAP(VARCHAR, DOUBLE),
+    PRIMARY KEY (run_id, rank, step)
+);
+CREATE TABLE IF NOT EXISTS events (
+    run_id VARCHAR, rank INTEGER, time TIMESTAMP, kind VARCHAR, step BIGINT, fields JSON
+);
+CREATE TABLE IF NOT EXISTS heartbeats (
+    run_id VARCHAR, rank INTEGER, host VARCHAR, pid INTEGER, time TIMESTAMP, last_step BIGINT,
+    buffered BIGINT, spilled_bytes BIGINT, connected BOOLEAN, dropped JSON
+);
+CREATE TABLE IF NOT EXISTS gil_samples (
+    run_id VARCHAR, rank INTEGER, time TIMESTAMP, period DOUBLE, samples INTEGER,
+    wait_p50 DOUBLE, wait_p90 DOUBLE, wait_p99 DOUBLE, wait_max DOUBLE,
+    busy_share DOUBLE, wait_share DOUBLE, held DOUBLE, switch_interval DOUBLE, gil_enabled BOOLEAN,
+    threads JSON
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id VARCHAR, rank INTEGER, time TIMESTAMP, step BIGINT, origin VARCHAR, path VARCHAR,
+    algo VARCHAR, root VARCHAR, ok BOOLEAN, tensors JSON
+);
+CREATE TABLE IF NOT EXISTS anomalies (
+    run_id VARCHAR, rank INTEGER, step BIGINT, time TIMESTAMP, detector VARCHAR, severity VARCHAR,
+    state VARCHAR, value DOUBLE, baseline DOUBLE, threshold DOUBLE, message VARCHAR
+);
+CREATE TABLE IF NOT EXISTS canary_results (
+    time TIMESTAMP, name VARCHAR, fault VARCHAR, passed BOOLEAN, expected_detector VARCHAR,
+    fault_step BIGINT, fired_step BIGINT, latency_steps BIGINT, detail VARCHAR
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    time TIMESTAMP, subject VARCHAR, stream_seq BIGINT, reason VARCHAR, error VARCHAR, raw BLOB
+);
+CREATE TABLE IF NOT EXISTS ingest_offsets (
+    consumer VARCHAR PRIMARY KEY, stream VARCHAR, last_seq BIGINT, updated_at TIMESTAMP
+);
+"""
+
+_STEP_FIELDS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]
+_EXTRA_TYPE = pa.map_(pa.string(), pa.float64())
+_MERGE_SET = ", ".join(
+    [f"{c} = coalesce(excluded.{c}, steps.{c})" for c in ["time", *KNOWN_METRICS]]
+    + ["extra = map_concat(steps.extra, excluded.extra)"]
+)
+_MERGED_SELECT = ", ".join(
+    ["run_id", "rank", "step", "max(time)"]
+    + [f"any_value({m})" for m in KNOWN_METRICS]
+    # Several rows of one step in a batch: fold their custom-metric maps into one.
+    + ["list_reduce(list(extra) FILTER (extra IS NOT NULL), lambda a, b: map_concat(a, b))"]
+)
+
+
+def _ts(seconds: float | None) -> datetime | None:
+    """Unix seconds as a naive UTC datetime (DuckDB TIMESTAMP)."""
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC).replace(tzinfo=None)
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value, enc_hook=repr).decode()
+
+
+def _masked(values: np.ndarray, mask: np.ndarray | None) -> pa.Array:
+    return pa.array(values, type=pa.float64(), mask=None if mask is None else ~mask)
+
+
+def _extra_column(part: StepColumns) -> pa.Array:
+    """Custom metrics of one message as a MAP column, built with NumPy (no loop per row)."""
+    n = len(part)
+    if not part.custom:
+        return pa.nulls(n, _EXTRA_TYPE)
+    rows, keys, values = [], [], []
+    for name, (vals, mask) in part.custom.items():
+        where = np.arange(n) if mask is None else np.flatnonzero(mask)
+        rows.append(where)
+        keys.append(np.full(len(where), name, dtype=object))
+        values.append(vals[where])
+    row = np.concatenate(rows)
+    order = np.argsort(row, kind="stable")
+    counts = np.bincount(row, minlength=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.MapArray.from_arrays(
+        pa.array(offsets),
+        pa.array(np.concatenate(keys)[order], type=pa.string()),
+        pa.array(np.concatenate(values)[order], type=pa.float64()),
+        mask=pa.array(counts == 0),
+    )
+
+
+def steps_table(parts: list[StepColumns]) -> pa.Table:
+    """The ``steps`` rows of a batch as one Arrow table."""
+    columns: dict[str, list[pa.Array]] = {name: [] for name in _STEP_FIELDS}
+    for part in parts:
+        n = len(part)
+        columns["run_id"].append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [part.source.run_id]))
+        columns["rank"].append(pa.array(np.full(n, part.source.rank, dtype=np.int32)))
+        columns["step"].append(pa.array(part.step))
+        columns["time"].append(pa.array((part.times * 1e6).astype("int64"), type=pa.timestamp("us")))
+        for metric in KNOWN_METRICS:
+            if metric in part.known:
+                columns[metric].append(_masked(*part.known[metric]))
+            else:
+                columns[metric].append(pa.nulls(n, pa.float64()))
+        columns["extra"].append(_extra_column(part))
+    arrays = []
+    for name in _STEP_FIELDS:
+        chunks = columns[name]
+        if name == "run_id":
+            chunks = [c.cast(pa.string()) for c in chunks]
+        arrays.append(pa.chunked_array(chunks))
+    return pa.Table.from_arrays(arrays, names=_STEP_FIELDS)
+
+
+class Store:
+    """The daemon's DuckDB database. Only the ingest stage writes; queries use cursors."""
+
+    def __init__(self, path: Path, consumer: str = "vigil-daemon", stream: str = "VIGIL") -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.consumer = consumer
+        self.stream = stream
+        # No file or network access from SQL, and nobody can turn it back on.
+        self.con = duckdb.connect(str(path), config={"enable_external_access": False, "lock_configuration": True})
+        self._lock = threading.Lock()
+        self.con.execute(DDL)
+        if not self.con.execute("SELECT count(*) FROM schema_info").fetchone()[0]:  # type: ignore[index]
+            self.con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+        self.last_seq = self._load_offset()
+
+    def _load_offset(self) -> int:
+        row = self.con.execute(
+            "SELECT last_seq FROM ingest_offsets WHERE consumer = ? AND stream = ?", [self.consumer, self.stream]
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the same database, for a reader on another thread."""
+        return self.con.cursor()
+
+    def close(self) -> None:
+        with self._lock:
+            self.con.close()
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def write(self, batch: IngestBatch) -> None:
+        """Apply ``batch`` and its offset in one transaction (or nothing, on error)."""
+        with self._lock:
+            try:
+                self._transaction(batch, merge=False)
+            except duckdb.ConstraintException:
+                # A step already stored (metrics split over messages, or a resent message):
+                # redo the batch merging rows into the existing ones.
+                self._transaction(batch, merge=True)
+            self.last_seq = max(self.last_seq, batch.max_seq)
+
+    def _transaction(self, batch: IngestBatch, merge: bool) -> None:
+        con = self.con
+        if batch.steps:
+            con.register("_vigil_batch", steps_table(batch.steps))
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if batch.steps:
+                self._write_steps(merge)
+            self._write_records(batch)
+            self._write_runs(batch)
+            con.execute(
+                "INSERT INTO ingest_offsets VALUES (?, ?, ?, now()) "
+                "ON CONFLICT (consumer) DO UPDATE SET last_seq = greatest(ingest_offsets.last_seq, excluded.last_seq),"
+                " stream = excluded.stream, updated_at = excluded.updated_at",
+                [self.consumer, self.stream, max(self.last_seq, batch.max_seq)],
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            if batch.steps:
+                con.unregister("_vigil_batch")
+
+    def _write_steps(self, merge: bool) -> None:
+        if not merge:
+            self.con.execute("INSERT INTO steps SELECT * FROM _vigil_batch")
+        else:
+            self.con.execute(
+                f"INSERT INTO steps SELECT {_MERGED_SELECT} FROM _vigil_batch GROUP BY run_id, rank, step "
+                f"ON CONFLICT (run_id, rank, step) DO UPDATE SET {_MERGE_SET}"
+            )
+
+    def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        if rows:
+            marks = ", ".join("?" * len(rows[0]))
+            self.con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+
+    def _write_records(self, b: IngestBatch) -> None:
+        self._insert(
+            "events",
+            [(s.run_id, s.rank, _ts(e.time), e.kind, e.step, _json(e.fields)) for s, e in b.events]
+            + [
+                (s.run_id, s.rank, _ts(r.time), "run_start", None, _json({"argv": r.argv, "config": r.config}))
+                for s, r in b.run_starts
+            ]
+            + [
+                (
+                    s.run_id,
+                    s.rank,
+                    _ts(r.time),
+                    "run_end",
+                    r.last_step,
+                    _json({"status": r.status, "dropped": r.dropped}),
+                )
+                for s, r in b.run_ends
+            ],
+        )
+        self._insert(
+            "heartbeats",
+            [
+                (
+                    s.run_id,
+                    s.rank,
+                    s.host,
+                    s.pid,
+                    _ts(h.time),
+                    h.last_step,
+                    h.buffered,
+                    h.spilled_bytes,
+                    h.connected,
+                    _json(h.dropped),
+                )
+                for s, h in b.heartbeats
+            ],
+        )
+        self._insert(
+            "gil_samples",
+            [
+                (
+                    s.run_id,
+                    s.rank,
+                    _ts(g.time),
+                    g.period,
+                    g.samples,
+                    g.wait_p50,
+                    g.wait_p90,
+                    g.wait_p99,
+                    g.wait_max,
+                    g.busy_share,
+                    g.wait_share,
+                    g.held,
+                    g.switch_interval,
+                    g.gil_enabled,
+                    _json(g.threads),
+                )
+                for s, g in b.gil_samples
+            ],
+        )
+        self._insert(
+            "checkpoints",
+            [
+                (s.run_id, s.rank, _ts(c.time), c.step, c.origin, c.path, c.algo, c.root, c.ok, _json(c.tensors))
+                for s, c in b.checkpoints
+            ],
+        )
+        self.write_anomalies(b.anomalies)
+        self._write_canaries(b.canaries)
+        self._insert(
+            "dead_letters",
+            [(_ts(time.time()), d.subject, d.seq, d.reason, d.error, d.data) for d in b.dead_letters],
+        )
+
+    def write_anomalies(self, anomalies: list[Anomaly]) -> None:
+        self._insert(
+            "anomalies",
+            [
+                (
+                    a.run_id,
+                    a.rank,
+                    a.step,
+                    _ts(a.time),
+                    a.detector,
+                    a.severity,
+                    a.state,
+                    a.value,
+                    a.baseline,
+                    a.threshold,
+                    a.message,
+                )
+                for a in anomalies
+            ],
+        )
+
+    def _write_canaries(self, results: list[CanaryResult]) -> None:
+        self._insert(
+            "canary_results",
+            [
+                (
+                    _ts(c.time),
+                    c.name,
+                    c.fault,
+                    c.passed,
+                    c.expected_detector,
+                    c.fault_step,
+                    c.fired_step,
+                    c.latency_steps,
+                    c.detail,
+                )
+                for c in results
+            ],
+        )
+
+    def _write_runs(self, b: IngestBatch) -> None:
+        """Upsert one row per run seen in this batch."""
+        seen: dict[str, dict[str, Any]] = {}
+
+        def touch(run_id: str, t: float, world_size: int) -> dict[str, Any]:
+            row = seen.setdefault(
+                run_id, {"first": t, "last": t, "world": world_size, "status": None, "ended": None, "argv": None}
+            )
+            row["first"] = min(row["first"], t)
+            row["last"] = max(row["last"], t)
+            row["world"] = max(row["world"], world_size)
+            return row
+
+        for part in b.steps:
+            if len(part):
+                touch(part.source.run_id, float(part.times.min()), part.source.world_size)
+                touch(part.source.run_id, float(part.times.max()), part.source.world_size)
+        for s, rec in [*b.events, *b.heartbeats, *b.gil_samples, *b.checkpoints]:
+            touch(s.run_id, rec.time, s.world_size)
+        for s, start in b.run_starts:
+            touch(s.run_id, start.time, s.world_size)["argv"] = _json(start.argv)
+            seen[s.run_id]["status"] = seen[s.run_id]["status"] or "running"
+        for s, end in b.run_ends:
+            row = touch(s.run_id, end.time, s.world_size)
+            row["status"], row["ended"] = end.status, _ts(end.time)
+        rows = [
+            (run, _ts(r["first"]), _ts(r["last"]), r["world"], r["status"] or "running", r["ended"], r["argv"])
+            for run, r in seen.items()
+        ]
+        if rows:
+            self.con.executemany(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
+                "first_seen = least(runs.first_seen, excluded.first_seen), "
+                "last_seen = greatest(runs.last_seen, excluded.last_seen), "
+                "world_size = greatest(runs.world_size, excluded.world_size), "
+                # a run_end (any rank) sets the status; otherwise keep what is there
+                "status = CASE WHEN excluded.ended_at IS NOT NULL THEN excluded.status ELSE runs.status END, "
+                "ended_at = coalesce(excluded.ended_at, runs.ended_at), "
+                "argv = coalesce(runs.argv, excluded.argv)",
+                rows,
+            )
