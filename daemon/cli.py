@@ -1,0 +1,172 @@
+"""The ``vigil`` command line.
+
+Exit codes: 0 success; 1 the query was refused or failed; 2 bad usage or configuration;
+3 the daemon's dependencies are missing, or no daemon and no data directory to answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+RUNS_SQL = """
+SELECT r.run_id, r.status, r.world_size,
+       count(s.step) AS steps, max(s.step) AS last_step, r.last_seen
+FROM runs r LEFT JOIN steps s USING (run_id)
+GROUP BY ALL ORDER BY r.last_seen DESC
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vigil", description="trainvigil: observability for ML training (agents -> NATS -> DuckDB)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser(
+        "up",
+        help="run the daemon (sidecar): embedded nats-server unless --nats, data in --data-dir",
+        description="Run the daemon until SIGTERM/SIGINT. Without --nats it uses 127.0.0.1:4222 if a broker "
+        "answers there, else starts the bundled nats-server with JetStream storage under DATA_DIR.",
+    )
+    up.add_argument("--data-dir", help="where vigil.duckdb lives (default ./vigil-data, VIGIL_DATA_DIR)")
+    up.add_argument("--nats", dest="nats_url", help="broker URL (VIGIL_NATS_URL); default: embedded")
+    up.add_argument("--config", help="TOML configuration file")
+    up.add_argument("--http-host", help="address of /healthz and /metrics (default 127.0.0.1)")
+    up.add_argument("--http-port", type=int, help="port of /healthz and /metrics (default 9464, 0 = off)")
+    up.add_argument("--drain", action="store_true", help="exit once every message in the stream is stored")
+
+    sql = sub.add_parser(
+        "sql",
+        help="run a read-only SQL query",
+        description="Run a read-only SQL query "
+        "against the running daemon (over NATS), or the data directory's file if none runs.",
+    )
+    sql.add_argument("sql", help='the query, e.g. "select run_id, count(*) from steps group by 1"')
+    _query_args(sql)
+
+    runs = sub.add_parser(
+        "runs",
+        help="list runs with step counts, last step and last seen",
+        description="List runs with step counts, last step and last seen.",
+    )
+    _query_args(runs)
+
+    demo = sub.add_parser(
+        "demo",
+        help="embedded broker + daemon + a short real training loop, then SQL",
+        description="Run everything in a temporary directory with a short real training "
+        "loop (torch if installed, else numpy) and print a few SQL answers.",
+    )
+    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    return parser
+
+
+def _query_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    parser.add_argument("--data-dir", help="data directory to read when no daemon answers (default ./vigil-data)")
+    parser.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
+    parser.add_argument("--limit", type=int, default=None, help="row limit (default: the daemon's, 10000)")
+
+
+def _up(args: argparse.Namespace) -> int:
+    import anyio
+
+    from . import config as config_mod
+    from .app import serve
+    from .logs import configure
+
+    cfg = config_mod.load(
+        args.config,
+        {
+            "data_dir": args.data_dir,
+            "nats_url": args.nats_url,
+            "http_host": args.http_host,
+            "http_port": args.http_port,
+        },
+    )
+    configure(cfg.log_format, cfg.log_level)
+
+    def ready(url: str) -> None:
+        print(
+            f"vigil: daemon ready; point agents at VIGIL_NATS_URL={url} (data in {cfg.data_dir})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    anyio.run(lambda: serve(cfg, drain=args.drain, on_ready=ready), backend="asyncio")
+    return EXIT_OK
+
+
+def _query(args: argparse.Namespace, sql: str) -> int:
+    from . import config as config_mod
+    from .formatting import render
+    from .sqlclient import query
+
+    cfg = config_mod.load(None, {"data_dir": args.data_dir, "nats_url": args.nats_url})
+    url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
+    result, _where = query(
+        sql,
+        nats_url=url,
+        data_dir=cfg.data_dir,
+        limit=args.limit or cfg.query_row_limit,
+        timeout=cfg.query_timeout_s + 5,
+    )
+    sys.stdout.write(render(result, args.format))
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(steps=args.steps, keep=args.keep)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        import anyio  # noqa: F401
+        import duckdb  # noqa: F401
+        import structlog  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"vigil: the daemon needs extra packages ({exc.name}); install them with: pip install 'trainvigil[daemon]'",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
+    from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError
+
+    try:
+        if args.command == "up":
+            return _up(args)
+        if args.command == "sql":
+            return _query(args, args.sql)
+        if args.command == "runs":
+            return _query(args, RUNS_SQL)
+        if args.command == "demo":
+            return _demo(args)
+    except QueryRefusedError as exc:
+        print(f"vigil: refused: {exc}", file=sys.stderr)
+        return EXIT_QUERY
+    except QueryError as exc:
+        print(f"vigil: query failed: {exc}", file=sys.stderr)
+        return EXIT_QUERY
+    except ConfigError as exc:
+        print(f"vigil: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DaemonUnavailableError as exc:
+        print(f"vigil: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""``GET /healthz`` and ``GET /metrics``: a minimal HTTP/1.1 server on anyio, nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import anyio
+import structlog
+from anyio.abc import SocketStream, TaskStatus
+
+from .metrics import DaemonMetrics
+
+log = structlog.get_logger("trainvigil.http")
+
+
+def _response(status: str, body: bytes, content_type: str) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def respond(request_line: str, metrics: DaemonMetrics) -> bytes:
+    """The whole HTTP response for one request line (pure, so it is tested without sockets)."""
+    parts = request_line.split()
+    if len(parts) < 2 or parts[0] not in {"GET", "HEAD"}:
+        return _response("405 Method Not Allowed", b"only GET\n", "text/plain")
+    path = parts[1].split("?", 1)[0]
+    if path == "/metrics":
+        return _response("200 OK", metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+    if path == "/healthz":
+        healthy = metrics.broker_connected
+        body = json.dumps(
+            {
+                "status": "ok" if healthy else "degraded",
+                "broker_connected": healthy,
+                "last_seq": metrics.last_seq,
+                "consumer_lag": metrics.consumer_lag,
+            }
+        ).encode()
+        return _response("200 OK" if healthy else "503 Service Unavailable", body, "application/json")
+    return _response("404 Not Found", b"try /healthz or /metrics\n", "text/plain")
+
+
+async def _handle(stream: SocketStream, metrics: DaemonMetrics) -> None:
+    async with stream:
+        data = b""
+        with anyio.move_on_after(5):
+            while b"\r\n\r\n" not in data and len(data) < 8192:
+                try:
+                    chunk = await stream.receive(4096)
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return
+                data += chunk
+        line = data.split(b"\r\n", 1)[0].decode("latin-1")
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await stream.send(respond(line, metrics))
+
+
+async def serve_http(
+    host: str, port: int, metrics: DaemonMetrics, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve until cancelled; reports the bound port (useful with port 0... which means 'off'
+    in the config, so tests pass an explicit free port)."""
+    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+    bound = listener.extra(anyio.abc.SocketAttribute.local_port)
+    log.info("http_listening", url=f"http://{host}:{bound}", endpoints=["/healthz", "/metrics"])
+    task_status.started(bound)
+    async with listener:
+        await listener.serve(lambda s: _handle(s, metrics))

@@ -1,0 +1,97 @@
+"""The daemon's own counters, rendered in the Prometheus text format for ``GET /metrics``."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...] = _LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def render(self, name: str) -> list[str]:
+        lines, cumulative = [], 0
+        for bound, count in zip(self.buckets, self.counts, strict=False):
+            cumulative += count
+            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
+        lines.append(f"{name}_sum {self.total}")
+        lines.append(f"{name}_count {self.n}")
+        return lines
+
+
+@dataclass
+class DaemonMetrics:
+    """Counters the ingest stage updates; read by ``/metrics`` and ``/healthz``."""
+
+    started: float = field(default_factory=time.time)
+    events_ingested: Counter[str] = field(default_factory=Counter)
+    messages_ingested: int = 0
+    messages_skipped: int = 0
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    anomalies: Counter[str] = field(default_factory=Counter)
+    consumer_lag: int = 0
+    last_commit: float = 0.0
+    last_seq: int = 0
+    batch_write_seconds: Histogram = field(default_factory=Histogram)
+    queries: Counter[str] = field(default_factory=Counter)
+    broker_connected: bool = False
+
+    def render(self) -> str:
+        """The Prometheus text exposition of every counter."""
+        out = [
+            "# HELP vigil_events_ingested_total Agent events committed to DuckDB, by kind.",
+            "# TYPE vigil_events_ingested_total counter",
+        ]
+        for kind in sorted(self.events_ingested) or ["steps"]:
+            out.append(f'vigil_events_ingested_total{{kind="{kind}"}} {self.events_ingested[kind]}')
+        out += [
+            "# HELP vigil_messages_ingested_total NATS messages committed.",
+            "# TYPE vigil_messages_ingested_total counter",
+            f"vigil_messages_ingested_total {self.messages_ingested}",
+            "# HELP vigil_messages_skipped_total Redelivered messages skipped as already applied.",
+            "# TYPE vigil_messages_skipped_total counter",
+            f"vigil_messages_skipped_total {self.messages_skipped}",
+            "# HELP vigil_dead_letters_total Messages that could not be read, by reason.",
+            "# TYPE vigil_dead_letters_total counter",
+        ]
+        for reason in sorted(self.dead_letters) or ["malformed"]:
+            out.append(f'vigil_dead_letters_total{{reason="{reason}"}} {self.dead_letters[reason]}')
+        out += [
+            "# HELP vigil_anomalies_total Anomaly episodes, by detector.",
+            "# TYPE vigil_anomalies_total counter",
+        ]
+        out += [f'vigil_anomalies_total{{detector="{d}"}} {n}' for d, n in sorted(self.anomalies.items())]
+        out += [
+            "# HELP vigil_consumer_lag Messages in the stream not yet committed.",
+            "# TYPE vigil_consumer_lag gauge",
+            f"vigil_consumer_lag {self.consumer_lag}",
+            "# HELP vigil_last_stream_seq Highest stream sequence committed.",
+            "# TYPE vigil_last_stream_seq gauge",
+            f"vigil_last_stream_seq {self.last_seq}",
+            "# HELP vigil_broker_connected Whether the daemon is connected to NATS.",
+            "# TYPE vigil_broker_connected gauge",
+            f"vigil_broker_connected {int(self.broker_connected)}",
+            "# HELP vigil_queries_total SQL queries answered, by outcome.",
+            "# TYPE vigil_queries_total counter",
+        ]
+        out += [f'vigil_queries_total{{outcome="{o}"}} {n}' for o, n in sorted(self.queries.items())]
+        out += [
+            "# HELP vigil_batch_write_seconds Time to commit one fetched batch to DuckDB.",
+            "# TYPE vigil_batch_write_seconds histogram",
+            *self.batch_write_seconds.render("vigil_batch_write_seconds"),
+        ]
+        return "\n".join(out) + "\n"

@@ -1,0 +1,64 @@
+"""Ask a running daemon over NATS; with none answering, read the DuckDB file read-only."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import nats
+import nats.errors
+from trainvigil.schemas import QUERY_SUBJECT
+
+from trainvigil.errors import DaemonUnavailableError, QueryError, QueryRefusedError
+
+from .query import QueryRequest, QueryResult, open_read_only, run_query
+
+_decoder = msgspec.msgpack.Decoder(QueryResult)
+
+
+async def _ask(url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
+    """The daemon's answer, or ``None`` when no broker or no daemon is there."""
+    try:
+        nc = await nats.connect(url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False)
+    except (TimeoutError, OSError, nats.errors.Error):
+        return None
+    try:
+        reply = await nc.request(QUERY_SUBJECT, msgspec.msgpack.encode(request), timeout=timeout)
+    except nats.errors.NoRespondersError:
+        return None
+    except nats.errors.TimeoutError:
+        raise QueryError(f"the daemon at {url} did not answer within {timeout:g} s") from None
+    finally:
+        await nc.close()
+    return _decoder.decode(reply.data)
+
+
+def query(
+    sql: str, *, nats_url: str, data_dir: str | Path, limit: int, timeout: float = 60.0
+) -> tuple[QueryResult, str]:
+    """Run a read-only query; returns the result and where it was answered.
+
+    Raises:
+        QueryRefusedError: not a read-only query.
+        QueryError: the query failed.
+        DaemonUnavailableError: no daemon answered and there is no database file.
+    """
+    result = asyncio.run(_ask(nats_url, QueryRequest(sql=sql, limit=limit), timeout))
+    if result is not None:
+        if result.refused:
+            raise QueryRefusedError(result.error)
+        if result.error:
+            raise QueryError(result.error)
+        return result, f"daemon at {nats_url}"
+    path = Path(data_dir) / "vigil.duckdb"
+    if not path.exists():
+        raise DaemonUnavailableError(
+            f"no daemon answered at {nats_url} and {path} does not exist; start one with `vigil up` "
+            "or point --data-dir at a data directory"
+        )
+    con = open_read_only(str(path))
+    try:
+        return run_query(con, sql, limit, timeout), str(path)
+    finally:
+        con.close()
