@@ -82,13 +82,13 @@ class Ingest:
             while not self.stopping.is_set():
                 try:
                     msgs = await sub.fetch(cfg.fetch_batch, timeout=cfg.fetch_timeout_s)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats-py raises both its own and asyncio's
                     if drain and await self._drained(sub):
                         log.info("drained", last_seq=self.store.last_seq)
                         return
                     self.metrics.consumer_lag = 0
                     continue
-                except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as exc:
+                except nats.errors.Error as exc:  # broker restarting, reconnecting: try again
                     log.warning("fetch_failed", error=repr(exc))
                     await anyio.sleep(0.5)
                     continue

@@ -34,6 +34,29 @@ class QueryResult(msgspec.Struct, frozen=True):
     truncated: bool = False
     error: str = ""
     refused: bool = False
+    more: bool = False
+    """On the wire: more parts of this answer follow (answers are split to fit NATS messages)."""
+
+
+def split_result(result: QueryResult, max_bytes: int) -> list[QueryResult]:
+    """``result`` as parts whose encoded size stays under ``max_bytes`` (rows never split)."""
+    parts: list[QueryResult] = []
+    rows: list[list[Any]] = []
+    size = 0
+    for row in result.rows:
+        row_size = len(msgspec.msgpack.encode(row))
+        if rows and size + row_size > max_bytes:
+            parts.append(msgspec.structs.replace(result, rows=rows, truncated=False, more=True))
+            rows, size = [], 0
+        rows.append(row)
+        size += row_size
+    parts.append(msgspec.structs.replace(result, rows=rows, more=False))
+    return parts
+
+
+def join_results(parts: list[QueryResult]) -> QueryResult:
+    """The answer whose parts :func:`split_result` made."""
+    return msgspec.structs.replace(parts[-1], rows=[row for p in parts for row in p.rows], more=False)
 
 
 def _plain(value: Any) -> Any:

@@ -12,7 +12,7 @@ from trainvigil.schemas import QUERY_SUBJECT
 
 from trainvigil.errors import DaemonUnavailableError, QueryError, QueryRefusedError
 
-from .query import QueryRequest, QueryResult, open_read_only, run_query
+from .query import QueryRequest, QueryResult, join_results, open_read_only, run_query
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
 
@@ -23,15 +23,22 @@ async def _ask(url: str, request: QueryRequest, timeout: float) -> QueryResult |
         nc = await nats.connect(url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False)
     except (TimeoutError, OSError, nats.errors.Error):
         return None
+    parts: list[QueryResult] = []
     try:
-        reply = await nc.request(QUERY_SUBJECT, msgspec.msgpack.encode(request), timeout=timeout)
-    except nats.errors.NoRespondersError:
-        return None
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(QUERY_SUBJECT, msgspec.msgpack.encode(request), reply=inbox)
+        while not parts or parts[-1].more:
+            reply = await sub.next_msg(timeout=timeout)
+            if reply.headers and reply.headers.get("Status") == "503":
+                return None  # no daemon subscribed
+            parts.append(_decoder.decode(reply.data))
     except nats.errors.TimeoutError:
         raise QueryError(f"the daemon at {url} did not answer within {timeout:g} s") from None
     finally:
         await nc.close()
-    return _decoder.decode(reply.data)
+    return join_results(parts)
+
 
 
 def query(

@@ -164,15 +164,15 @@ class Store:
         self.con = duckdb.connect(str(path), config={"enable_external_access": False, "lock_configuration": True})
         self._lock = threading.Lock()
         self.con.execute(DDL)
-        if not self.con.execute("SELECT count(*) FROM schema_info").fetchone()[0]:  # type: ignore[index]
+        if not self.con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
             self.con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
         self.last_seq = self._load_offset()
 
     def _load_offset(self) -> int:
-        row = self.con.execute(
+        rows = self.con.execute(
             "SELECT last_seq FROM ingest_offsets WHERE consumer = ? AND stream = ?", [self.consumer, self.stream]
-        ).fetchone()
-        return int(row[0]) if row else 0
+        ).fetchall()
+        return int(rows[0][0]) if rows else 0
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new connection to the same database, for a reader on another thread."""

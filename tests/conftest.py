@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from support import Daemon, NatsServer  # noqa: E402
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServer(tmp_path / "jetstream")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def daemon(nats_server: NatsServer, tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(nats_server.url, tmp_path / "data")
+    d.start()
+    yield d
+    if d.process is not None and d.process.poll() is None:
+        d.kill()

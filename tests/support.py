@@ -1,0 +1,126 @@
+"""Test helpers: a real nats-server on a free port, the daemon as a real process, waiting on conditions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainvigil.daemon.natsserver import find_binary, port_open, server_args
+from trainvigil.daemon.query import QueryRequest, QueryResult
+from trainvigil.daemon.sqlclient import _ask
+
+HERE = Path(__file__).parent
+CHILD_OFFSET = 1_000_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+class NatsServer:
+    """A real nats-server with JetStream in a temp dir; can be stopped and started again."""
+
+    def __init__(self, store_dir: Path) -> None:
+        self.port = free_port()
+        self.store_dir = store_dir
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            server_args(find_binary(), self.port, self.store_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for(lambda: port_open("127.0.0.1", self.port), 10, "nats-server to listen")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+        self.process = None
+
+
+class Daemon:
+    """``vigil up`` as a real process against a given broker and data directory."""
+
+    def __init__(self, nats_url: str, data_dir: Path, *extra: str) -> None:
+        self.nats_url = nats_url
+        self.data_dir = data_dir
+        self.http_port = free_port()
+        self.extra = extra
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = data_dir.parent / f"{data_dir.name}-daemon.log"
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "trainvigil.daemon.cli", "up", "--nats", self.nats_url,
+                 "--data-dir", str(self.data_dir), "--http-port", str(self.http_port), *self.extra],
+                stdout=log, stderr=log, env={**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000"},
+            )
+        wait_for(self._answers, 30, "the daemon to answer queries")
+
+    def _answers(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
+        try:
+            self.sql("select 1")
+            return True
+        except Exception:
+            return False
+
+    def sql(self, sql: str) -> QueryResult:
+        """Ask the daemon over NATS (never the file: a test must not hold the database's lock)."""
+        result = asyncio.run(_ask(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30))
+        assert result is not None, "no daemon answered"
+        assert not result.error, result.error
+        return result
+
+    def scalar(self, sql: str) -> Any:
+        return self.sql(sql).rows[0][0]
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(30)
+
+
+def run_producer(nats_url: str, run_id: str, rank: int, steps: int, *args: str) -> subprocess.Popen[bytes]:
+    """``tests/producer.py`` as a separate training process."""
+    env = {**os.environ, "VIGIL_NATS_URL": nats_url}
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "producer.py"), run_id, str(rank), str(steps), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def expected_loss(rank: int, step: int) -> float:
+    """The loss producer.py logs: awkward floats, so an exact round trip means something."""
+    return (step + 1) / 3.0 + rank * 1e-7 + 1.0 / (step + 7)
