@@ -91,14 +91,14 @@ class Agent:
         if len(steps) < self._max_buffer:
             steps.append((step, _now(), metrics))
             self._last_step = step
-        else:
+        elif self.options.enabled:
             self._hot_drops["closed" if self._closed else "queue_full"] += 1
 
     def event(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
         """Record a run-level event (``kind`` names it; ``fields`` are JSON-like values)."""
         if len(self._records) < self._max_buffer:
             self._records.append(RunEvent(time=time.time(), kind=str(kind), step=step, fields=fields))
-        else:
+        elif self.options.enabled:
             self._hot_drops["closed" if self._closed else "queue_full"] += 1
 
     # ---- lifecycle -----------------------------------------------------------------------

@@ -17,10 +17,17 @@ from .query import QueryRequest, QueryResult, join_results, open_read_only, run_
 _decoder = msgspec.msgpack.Decoder(QueryResult)
 
 
+async def _quiet(exc: Exception) -> None:
+    """nats-py prints every connection error; here a missing broker is an expected answer."""
+
+
 async def _ask(url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
     """The daemon's answer, or ``None`` when no broker or no daemon is there."""
     try:
-        nc = await nats.connect(url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False)
+        nc = await asyncio.wait_for(
+            nats.connect(url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False, error_cb=_quiet),
+            timeout=3,
+        )
     except (TimeoutError, OSError, nats.errors.Error):
         return None
     parts: list[QueryResult] = []
@@ -38,7 +45,6 @@ async def _ask(url: str, request: QueryRequest, timeout: float) -> QueryResult |
     finally:
         await nc.close()
     return join_results(parts)
-
 
 
 def query(

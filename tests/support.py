@@ -124,3 +124,9 @@ def run_producer(nats_url: str, run_id: str, rank: int, steps: int, *args: str) 
 def expected_loss(rank: int, step: int) -> float:
     """The loss producer.py logs: awkward floats, so an exact round trip means something."""
     return (step + 1) / 3.0 + rank * 1e-7 + 1.0 / (step + 7)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    """Wait for a producer and require a clean exit (every event delivered)."""
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err.decode()[-2000:]

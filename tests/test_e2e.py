@@ -6,14 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import CHILD_OFFSET, Daemon, NatsServer, expected_loss, run_producer, wait_for
+from support import CHILD_OFFSET, Daemon, NatsServer, expected_loss, finish, run_producer, wait_for
 
 STEPS = 20_000
-
-
-def _finish(proc: object, timeout: float = 120) -> None:
-    out, err = proc.communicate(timeout=timeout)  # type: ignore[attr-defined]
-    assert proc.returncode == 0, err.decode()[-2000:]  # type: ignore[attr-defined]
 
 
 def _check_rows(daemon: Daemon, run_id: str, ranks: int) -> None:
@@ -36,7 +31,7 @@ def _check_rows(daemon: Daemon, run_id: str, ranks: int) -> None:
 def test_two_agents_20k_steps_each_arrive_exactly_once(daemon: Daemon, nats_server: NatsServer) -> None:
     procs = [run_producer(nats_server.url, "two-agents", rank, STEPS) for rank in range(2)]
     for p in procs:
-        _finish(p)
+        finish(p)
     _check_rows(daemon, "two-agents", 2)
     assert daemon.scalar("select status from runs where run_id = 'two-agents'") == "ok"
     assert daemon.scalar("select count(*) from events where run_id = 'two-agents' and kind = 'run_end'") == 2
@@ -53,7 +48,7 @@ def test_daemon_sigkilled_twice_mid_stream_loses_and_duplicates_nothing(
         daemon.kill()
         daemon.start()
     for p in procs:
-        _finish(p)
+        finish(p)
     _check_rows(daemon, "killed", 2)
     daemon.terminate()
 
@@ -96,7 +91,7 @@ def test_broker_down_10s_every_step_arrives_and_log_never_blocks(daemon: Daemon,
 
 def test_forked_child_steps_arrive(daemon: Daemon, nats_server: NatsServer) -> None:
     proc = run_producer(nats_server.url, "forked", 0, 500, "--fork", "300")
-    _finish(proc)
+    finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'forked'") >= 800, 60, "800 rows")
     assert daemon.scalar(f"select count(*) from steps where run_id = 'forked' and step >= {CHILD_OFFSET}") == 300
     assert daemon.scalar(f"select count(*) from steps where run_id = 'forked' and step < {CHILD_OFFSET}") == 500
@@ -108,6 +103,6 @@ def test_forked_child_steps_arrive(daemon: Daemon, nats_server: NatsServer) -> N
 @pytest.mark.parametrize("signal_name", ["SIGTERM"])
 def test_sigterm_drains_commits_and_exits_zero(daemon: Daemon, nats_server: NatsServer, signal_name: str) -> None:
     proc = run_producer(nats_server.url, "sigterm", 0, 2000)
-    _finish(proc)
+    finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'sigterm'") == 2000, 60, "2000 rows")
     assert daemon.terminate() == 0
