@@ -13,8 +13,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import trainvigil  # noqa: E402
-from support import CHILD_OFFSET, expected_loss  # noqa: E402
+from support import CHILD_OFFSET, expected_loss
+
+import trainvigil
 
 
 def main() -> int:
@@ -23,7 +24,9 @@ def main() -> int:
     parser.add_argument("rank", type=int)
     parser.add_argument("steps", type=int)
     parser.add_argument("--pace", type=float, default=0.0)
-    parser.add_argument("--fork", type=int, default=0, help="fork a child that logs this many steps from CHILD_OFFSET on")
+    parser.add_argument(
+        "--fork", type=int, default=0, help="fork a child that logs this many steps from CHILD_OFFSET on"
+    )
     args = parser.parse_args()
     agent = trainvigil.init(run_id=args.run_id, rank=args.rank, flush_interval=0.05)
     if args.fork:
@@ -41,8 +44,15 @@ def main() -> int:
             print("forked child did not deliver", file=sys.stderr)
             return 1
     for step in range(args.steps):
-        agent.log(step, loss=expected_loss(args.rank, step), lr=1e-3, grad_norm=float(step % 97), samples=32.0,
-                  tokens=4096.0, my_custom=step * 0.5)
+        agent.log(
+            step,
+            loss=expected_loss(args.rank, step),
+            lr=1e-3,
+            grad_norm=float(step % 97),
+            samples=32.0,
+            tokens=4096.0,
+            my_custom=step * 0.5,
+        )
         if args.pace:
             time.sleep(args.pace)
     ok = agent.close(timeout=60)

@@ -76,9 +76,22 @@ class Daemon:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "trainvigil.daemon.cli", "up", "--nats", self.nats_url,
-                 "--data-dir", str(self.data_dir), "--http-port", str(self.http_port), *self.extra],
-                stdout=log, stderr=log, env={**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000"},
+                [
+                    sys.executable,
+                    "-m",
+                    "trainvigil.daemon.cli",
+                    "up",
+                    "--nats",
+                    self.nats_url,
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--http-port",
+                    str(self.http_port),
+                    *self.extra,
+                ],
+                stdout=log,
+                stderr=log,
+                env={**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000"},
             )
         wait_for(self._answers, 30, "the daemon to answer queries")
 
@@ -117,7 +130,9 @@ def run_producer(nats_url: str, run_id: str, rank: int, steps: int, *args: str) 
     env = {**os.environ, "VIGIL_NATS_URL": nats_url}
     return subprocess.Popen(
         [sys.executable, str(HERE / "producer.py"), run_id, str(rank), str(steps), *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 

@@ -11,7 +11,6 @@ import urllib.request
 import msgspec
 import nats
 from support import Daemon, NatsServer, finish, run_producer, wait_for
-
 from trainvigil.schemas import Envelope, RunEvent, Source, encode
 
 
@@ -32,14 +31,22 @@ def test_bad_messages_become_dead_letters_and_ingest_goes_on(daemon: Daemon, nat
     wrong_version = msgspec.msgpack.encode({**good, "v": 2})
     truncated = _good("dl")[:-7]
     garbage = b"\x00\xffnot msgpack at all"
-    asyncio.run(_publish(nats_server.url, [
-        ("vigil.v1.dl.metrics", garbage),
-        ("vigil.v1.dl.run", wrong_version),
-        ("vigil.v1.dl.run", truncated),
-        ("vigil.v1.dl.run", _good("dl")),
-    ]))
-    wait_for(lambda: daemon.scalar("select count(*) from events where run_id = 'dl' and kind = 'ok'") == 1, 30,
-             "the good message after the bad ones")
+    asyncio.run(
+        _publish(
+            nats_server.url,
+            [
+                ("vigil.v1.dl.metrics", garbage),
+                ("vigil.v1.dl.run", wrong_version),
+                ("vigil.v1.dl.run", truncated),
+                ("vigil.v1.dl.run", _good("dl")),
+            ],
+        )
+    )
+    wait_for(
+        lambda: daemon.scalar("select count(*) from events where run_id = 'dl' and kind = 'ok'") == 1,
+        30,
+        "the good message after the bad ones",
+    )
     rows = daemon.sql("select subject, reason, error, octet_length(raw) from dead_letters order by stream_seq").rows
     assert len(rows) == 3, rows
     assert [r[0] for r in rows] == ["vigil.v1.dl.metrics", "vigil.v1.dl.run", "vigil.v1.dl.run"]
@@ -50,8 +57,9 @@ def test_bad_messages_become_dead_letters_and_ingest_goes_on(daemon: Daemon, nat
 
 
 def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_vigil_sql_refuses_writes_and_file_access(daemon: Daemon, nats_server: NatsServer, tmp_path: object) -> None:
@@ -59,16 +67,23 @@ def test_vigil_sql_refuses_writes_and_file_access(daemon: Daemon, nats_server: N
     finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'ro'") == 100, 30, "100 rows")
     target = f"{tmp_path}/x.csv"
-    for sql in ["delete from steps", f"copy steps to '{target}'", "select * from read_csv('/etc/passwd')",
-                "attach '/tmp/other.duckdb'", "install httpfs", "drop table steps"]:
+    for sql in [
+        "delete from steps",
+        f"copy steps to '{target}'",
+        "select * from read_csv('/etc/passwd')",
+        "attach '/tmp/other.duckdb'",
+        "install httpfs",
+        "drop table steps",
+    ]:
         result = _vigil("sql", sql, "--nats", nats_server.url)
         assert result.returncode == 1, (sql, result.stdout, result.stderr)
         assert "refused" in result.stderr, result.stderr
     assert daemon.scalar("select count(*) from steps where run_id = 'ro'") == 100
     assert not __import__("os").path.exists(target)
 
-    ok = _vigil("sql", "select run_id, count(*) as n from steps group by 1", "--nats", nats_server.url,
-                "--format", "csv")
+    ok = _vigil(
+        "sql", "select run_id, count(*) as n from steps group by 1", "--nats", nats_server.url, "--format", "csv"
+    )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.splitlines() == ["run_id,n", "ro,100"]
     runs = _vigil("runs", "--nats", nats_server.url, "--format", "json")
@@ -83,8 +98,16 @@ def test_vigil_sql_reads_the_file_when_no_daemon_runs(daemon: Daemon, nats_serve
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'offline'") == 50, 30, "50 rows")
     assert daemon.terminate() == 0
     nats_server.stop()
-    result = _vigil("sql", "select count(*) from steps", "--nats", nats_server.url, "--data-dir",
-                    str(daemon.data_dir), "--format", "csv")
+    result = _vigil(
+        "sql",
+        "select count(*) from steps",
+        "--nats",
+        nats_server.url,
+        "--data-dir",
+        str(daemon.data_dir),
+        "--format",
+        "csv",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1] == "50"
     refused = _vigil("sql", "delete from steps", "--nats", nats_server.url, "--data-dir", str(daemon.data_dir))
@@ -125,6 +148,10 @@ def test_cli_help_and_exit_codes() -> None:
         result = _vigil(*args)
         assert result.returncode == 0 and "usage" in result.stdout, args
     assert _vigil().returncode == 2
-    bad = subprocess.run([sys.executable, "-m", "trainvigil.daemon.cli", "up", "--config", "/nonexistent.toml"],
-                         capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", "up", "--config", "/nonexistent.toml"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "does not exist" in bad.stderr

@@ -13,15 +13,19 @@ STEPS = 20_000
 
 def _check_rows(daemon: Daemon, run_id: str, ranks: int) -> None:
     total = ranks * STEPS
-    wait_for(lambda: daemon.scalar(f"select count(*) from steps where run_id = '{run_id}'") >= total, 60,
-             f"{total} rows")
+    wait_for(
+        lambda: daemon.scalar(f"select count(*) from steps where run_id = '{run_id}'") >= total, 60, f"{total} rows"
+    )
     assert daemon.scalar(f"select count(*) from steps where run_id = '{run_id}'") == total
-    assert daemon.scalar(
-        f"select count(*) from (select distinct rank, step from steps where run_id = '{run_id}')") == total
+    assert (
+        daemon.scalar(f"select count(*) from (select distinct rank, step from steps where run_id = '{run_id}')")
+        == total
+    )
     for rank in range(ranks):
         rows = daemon.sql(
             f"select step, loss, lr, grad_norm, tokens, extra['my_custom'] from steps "
-            f"where run_id = '{run_id}' and rank = {rank} order by step").rows
+            f"where run_id = '{run_id}' and rank = {rank} order by step"
+        ).rows
         assert [r[0] for r in rows] == list(range(STEPS))
         assert all(r[1] == expected_loss(rank, r[0]) for r in rows), "loss did not round-trip exactly"
         assert all(r[2] == 1e-3 and r[3] == float(r[0] % 97) and r[4] == 4096.0 for r in rows)
@@ -57,8 +61,14 @@ def test_broker_down_10s_every_step_arrives_and_log_never_blocks(daemon: Daemon,
     import trainvigil
 
     # A small memory bound forces the spill file to be used and replayed too.
-    agent = trainvigil.init(run_id="outage", rank=0, nats_url=nats_server.url, flush_interval=0.05,
-                            max_memory_bytes=32 * 1024, ack_timeout=1.0)
+    agent = trainvigil.init(
+        run_id="outage",
+        rank=0,
+        nats_url=nats_server.url,
+        flush_interval=0.05,
+        max_memory_bytes=32 * 1024,
+        ack_timeout=1.0,
+    )
     longest = 0.0
     step = 0
 
@@ -81,8 +91,11 @@ def test_broker_down_10s_every_step_arrives_and_log_never_blocks(daemon: Daemon,
     assert time.monotonic() - outage_started >= 10.0
     train_for(1.0)
     assert agent.close(timeout=60), agent.stats()
-    wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'outage'") >= step, 90,
-             f"{step} steps after the outage")
+    wait_for(
+        lambda: daemon.scalar("select count(*) from steps where run_id = 'outage'") >= step,
+        90,
+        f"{step} steps after the outage",
+    )
     assert daemon.scalar("select count(*) from steps where run_id = 'outage'") == step
     assert daemon.scalar("select max(step) from steps where run_id = 'outage'") == step - 1
     assert longest < 1e-3, f"the longest log() call took {longest * 1e3:.3f} ms"

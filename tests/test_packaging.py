@@ -1,0 +1,47 @@
+"""The distribution installs (not only editable) and imports from outside the repository."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_installs_and_imports_from_outside_the_repo(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("trainvigil-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "trainvigil/schemas/json/envelope.schema.json" in names
+    assert "trainvigil/py.typed" in names
+    tops = {n.split("/")[0] for n in names if not n.startswith("trainvigil-")}
+    assert tops == {"trainvigil"}, f"only the trainvigil namespace may be installed, got {tops}"
+
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = (
+        "import importlib.util, trainvigil, trainvigil.agents, trainvigil.schemas, trainvigil.daemon.cli;"
+        "assert trainvigil.__file__.startswith(%r), trainvigil.__file__;"
+        "assert trainvigil.schemas.__file__.startswith(%r), trainvigil.schemas.__file__;"
+        "assert importlib.util.find_spec('agents') is None or 'trainvigil' not in str(importlib.util.find_spec('agents').origin);"
+        "print(trainvigil.init.__module__)"
+    ) % (str(target), str(target))
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "trainvigil.agents.agent"
