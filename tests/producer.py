@@ -24,9 +24,7 @@ def main() -> int:
     parser.add_argument("rank", type=int)
     parser.add_argument("steps", type=int)
     parser.add_argument("--pace", type=float, default=0.0)
-    parser.add_argument(
-        "--fork", type=int, default=0, help="fork a child that logs this many steps from CHILD_OFFSET on"
-    )
+    parser.add_argument("--fork", type=int, default=0, help="steps a forked child logs")
     args = parser.parse_args()
     agent = trainvigil.init(run_id=args.run_id, rank=args.rank, flush_interval=0.05)
     if args.fork:

@@ -29,15 +29,20 @@ def test_wheel_installs_and_imports_from_outside_the_repo(tmp_path: Path) -> Non
     zipfile.ZipFile(wheel).extractall(target)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = (
-        "import importlib.util, trainvigil, trainvigil.agents, trainvigil.schemas, trainvigil.daemon.cli;"
-        "assert trainvigil.__file__.startswith(%r), trainvigil.__file__;"
-        "assert trainvigil.schemas.__file__.startswith(%r), trainvigil.schemas.__file__;"
-        "assert importlib.util.find_spec('agents') is None or 'trainvigil' not in str(importlib.util.find_spec('agents').origin);"
-        "print(trainvigil.init.__module__)"
-    ) % (str(target), str(target))
+    site = str(target)
+    code = "; ".join(
+        [
+            f"import sys; sys.path.insert(0, {site!r})",
+            "import importlib.util, trainvigil, trainvigil.agents, trainvigil.schemas, trainvigil.daemon.cli",
+            f"assert trainvigil.__file__.startswith({site!r}), trainvigil.__file__",
+            f"assert trainvigil.schemas.__file__.startswith({site!r}), trainvigil.schemas.__file__",
+            "spec = importlib.util.find_spec('agents')",
+            "assert spec is None or 'trainvigil' not in str(spec.origin), spec",
+            "print(trainvigil.init.__module__)",
+        ]
+    )
     result = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+        [sys.executable, "-I", "-c", code],
         cwd=elsewhere,
         capture_output=True,
         text=True,
