@@ -1,0 +1,83 @@
+"""`vigil up` without --nats: it starts the bundled nats-server, supervises it, stops it on exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from support import finish, free_port, run_producer, wait_for
+
+from trainvigil.daemon.natsserver import port_open
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _nats_child(pid: int) -> int | None:
+    for child in _children(pid):
+        try:
+            if "nats-server" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+                return child
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def test_embedded_broker_is_started_restarted_and_stopped(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    data = tmp_path / "data"
+    env = {**os.environ, "VIGIL_EMBEDDED_PORT": str(port), "VIGIL_NATS_URL": ""}
+    log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed below
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "trainvigil.daemon.cli", "up", "--data-dir", str(data), "--http-port", "0"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        first = wait_for(
+            lambda: _nats_child(daemon.pid) if port_open("127.0.0.1", port) else None, 30, "the embedded nats-server"
+        )
+        assert (data / "jetstream").is_dir(), "JetStream storage lives under the data dir"
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(
+            lambda: (c := _nats_child(daemon.pid)) and c != first and port_open("127.0.0.1", port) and c,
+            30,
+            "a restarted nats-server",
+        )
+        assert second != first
+        finish(run_producer(url, "embedded", 0, 200))
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0
+        assert not port_open("127.0.0.1", port), "the embedded broker stops with the daemon"
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainvigil.daemon.cli",
+            "sql",
+            "select count(*) from steps",
+            "--data-dir",
+            str(data),
+            "--nats",
+            url,
+            "--format",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1] == "200"
