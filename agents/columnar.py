@@ -36,12 +36,13 @@ def _is_int(step: Any) -> bool:
 
 def _to_floats(raw: list[Any], dropped: Counter[str]) -> tuple[np.ndarray, np.ndarray | None]:
     """``raw`` as float64, plus a presence mask when some values were not numbers."""
-    try:
-        values = np.asarray(raw, dtype=_F8)
-        if values.shape == (len(raw),):
-            return values, None
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        pass
+    if None not in raw:  # NumPy would turn None into a NaN that looks logged
+        try:
+            values = np.asarray(raw, dtype=_F8)
+            if values.shape == (len(raw),):
+                return values, None
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            pass
     converted = [_as_float(v) for v in raw]
     bad = np.fromiter((v is None for v in converted), dtype=bool, count=len(converted))
     dropped["bad_value"] += int(bad.sum())
@@ -94,7 +95,7 @@ class StepBatchBuilder:
             return None
         columns: dict[str, Column] = {}
         for name, parts in self._columns.items():
-            if len(parts) == 1 and parts[0][0] is None and parts[0][2] is None:
+            if len(parts) == 1 and parts[0][0] is None and parts[0][2] is None and len(parts[0][1]) == n:
                 columns[name] = Column(values=parts[0][1].tobytes())
                 continue
             full = np.zeros(n, dtype=_F8)

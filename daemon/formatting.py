@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from typing import Any
 
 from .query import QueryResult
@@ -18,11 +19,20 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _json_value(value: Any) -> Any:
+    """JSON has no NaN or infinities: write them as the strings Python and JavaScript parse back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
 def render(result: QueryResult, fmt: str) -> str:
     """The result as text in ``fmt`` (``table``, ``csv`` or ``json``)."""
     if fmt == "json":
         return "".join(
-            json.dumps(dict(zip(result.columns, row, strict=True)), default=str) + "\n" for row in result.rows
+            json.dumps(dict(zip(result.columns, map(_json_value, row), strict=True)), default=str, allow_nan=False)
+            + "\n"
+            for row in result.rows
         )
     if fmt == "csv":
         out = io.StringIO()

@@ -22,11 +22,20 @@ def _response(status: str, body: bytes, content_type: str) -> bytes:
 
 
 def respond(request_line: str, metrics: DaemonMetrics) -> bytes:
-    """The whole HTTP response for one request line (pure, so it is tested without sockets)."""
+    """The whole HTTP response for one request line (pure, so it is tested without sockets).
+
+    A HEAD request gets the GET response's head only (Content-Length still tells its size).
+    """
     parts = request_line.split()
     if len(parts) < 2 or parts[0] not in {"GET", "HEAD"}:
         return _response("405 Method Not Allowed", b"only GET\n", "text/plain")
-    path = parts[1].split("?", 1)[0]
+    response = _get(parts[1].split("?", 1)[0], metrics)
+    if parts[0] == "HEAD":
+        return response[: response.index(b"\r\n\r\n") + 4]
+    return response
+
+
+def _get(path: str, metrics: DaemonMetrics) -> bytes:
     if path == "/metrics":
         return _response("200 OK", metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
     if path == "/healthz":

@@ -42,12 +42,14 @@ def split_result(result: QueryResult, max_bytes: int) -> list[QueryResult]:
     """``result`` as parts whose encoded size stays under ``max_bytes`` (rows never split)."""
     parts: list[QueryResult] = []
     rows: list[list[Any]] = []
-    size = 0
+    # Column names, types and flags travel in every part; the array header takes up to 5 bytes.
+    overhead = len(msgspec.msgpack.encode(msgspec.structs.replace(result, rows=[], more=True))) + 5
+    size = overhead
     for row in result.rows:
         row_size = len(msgspec.msgpack.encode(row))
         if rows and size + row_size > max_bytes:
             parts.append(msgspec.structs.replace(result, rows=rows, truncated=False, more=True))
-            rows, size = [], 0
+            rows, size = [], overhead
         rows.append(row)
         size += row_size
     parts.append(msgspec.structs.replace(result, rows=rows, more=False))
