@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from support import finish, free_port, run_producer, wait_for
-
 from trainvigil.daemon.natsserver import port_open
 
 

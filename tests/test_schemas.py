@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import jsonschema
 import msgspec
@@ -328,7 +329,7 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-def _as_json(value: object) -> object:
+def _as_json(value: object) -> Any:
     # JSON has no bytes: msgspec writes them as base64 strings, as the schema documents.
     return json.loads(msgspec.json.encode(msgspec.to_builtins(value)))
 
