@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import nats
+import nats.errors
 import structlog
 from anyio.abc import TaskStatus
 
@@ -33,6 +34,19 @@ async def _resolve_broker(config: DaemonConfig, tg: anyio.abc.TaskGroup) -> str:
     store_dir = Path(config.data_dir) / "jetstream"
     url: str = await tg.start(supervise, config.embedded_port, store_dir)
     return url
+
+
+async def _with_retries(call: Callable[[], Awaitable[object]], attempts: int = 20) -> None:
+    """Start-up calls to a broker that may be (re)starting: retry for a while, then give up loudly."""
+    for attempt in range(attempts):
+        try:
+            await call()
+            return
+        except (nats.errors.Error, TimeoutError) as exc:
+            if attempt == attempts - 1:
+                raise
+            log.warning("broker_not_ready", error=repr(exc), attempt=attempt + 1)
+            await anyio.sleep(0.5)
 
 
 async def _watch_signals(ingest: Ingest) -> None:
@@ -84,7 +98,7 @@ async def serve(
             metrics.broker_connected = True
             try:
                 js = nc.jetstream()
-                await ensure_stream(js, config.stream)
+                await _with_retries(lambda: ensure_stream(js, config.stream))
                 if config.http_port:
                     await tg.start(serve_http, config.http_host, config.http_port, metrics)
                 await tg.start(serve_queries, nc, store, config, metrics)

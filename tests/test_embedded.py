@@ -44,6 +44,7 @@ def test_embedded_broker_is_started_restarted_and_stopped(tmp_path: Path) -> Non
             lambda: _nats_child(daemon.pid) if port_open("127.0.0.1", port) else None, 30, "the embedded nats-server"
         )
         assert (data / "jetstream").is_dir(), "JetStream storage lives under the data dir"
+        wait_for(lambda: b"daemon ready" in (tmp_path / "daemon.log").read_bytes(), 30, "the daemon to be ready")
         os.kill(first, signal.SIGKILL)
         second = wait_for(
             lambda: (c := _nats_child(daemon.pid)) and c != first and port_open("127.0.0.1", port) and c,
