@@ -11,6 +11,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,7 @@ class StepBatchBuilder:
         self.rows = 0
 
     def add(self, entries: Sequence[Entry]) -> None:
-        if not all(_is_int(e[0]) for e in entries):
+        if not all(type(e[0]) is int for e in entries) and not all(_is_int(e[0]) for e in entries):
             kept = [e for e in entries if _is_int(e[0])]
             self.dropped["bad_step"] += len(entries) - len(kept)
             entries = kept
@@ -71,6 +72,33 @@ class StepBatchBuilder:
             return
         self._steps.append(np.fromiter((e[0] for e in entries), dtype=_I8, count=n))
         self._times.append(np.fromiter((e[1] for e in entries), dtype=_F8, count=n))
+        offset = self.rows
+        dicts = [e[2] for e in entries]
+        names = tuple(dicts[0])
+        if all(map(names.__eq__, map(tuple, dicts))):
+            self._add_uniform(names, dicts, offset)
+        else:
+            self._add_ragged(entries, offset)
+        self.rows += n
+
+    def _add_uniform(self, names: tuple[str, ...], dicts: list[dict[str, Any]], offset: int) -> None:
+        """Every entry logged the same names in the same order (the common case): one flat array."""
+        n, k = len(dicts), len(names)
+        try:
+            # float() of each value; None, strings and the like raise and take the careful path.
+            matrix = np.fromiter(chain.from_iterable(map(dict.values, dicts)), dtype=_F8, count=n * k).reshape(n, k)
+            # NumPy reads None as NaN; a NaN is rare, so only then look for a None behind it.
+            if np.isnan(matrix).any() and any(v is None for d in dicts for v in d.values()):
+                raise TypeError("None among the values")
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            columns = [[d[name] for d in dicts] for name in names]
+            self._add_columns(names, [list(range(n))] * k, columns, n, offset)
+            return
+        spread = None if offset == 0 else np.arange(offset, offset + n, dtype=np.intp)
+        for j, name in enumerate(names):
+            self._columns.setdefault(name, []).append((spread, np.ascontiguousarray(matrix[:, j]), None))
+
+    def _add_ragged(self, entries: Sequence[Entry], offset: int) -> None:
         by_name: dict[str, tuple[list[int], list[Any]]] = {}
         for i, (_, _, metrics) in enumerate(entries):
             for name, value in metrics.items():
@@ -79,14 +107,18 @@ class StepBatchBuilder:
                     slot = by_name[name] = ([], [])
                 slot[0].append(i)
                 slot[1].append(value)
-        offset = self.rows
-        for name, (index, raw) in by_name.items():
+        names = tuple(by_name)
+        self._add_columns(names, [by_name[k][0] for k in names], [by_name[k][1] for k in names], len(entries), offset)
+
+    def _add_columns(
+        self, names: tuple[str, ...], indexes: list[list[int]], raws: list[list[Any]], n: int, offset: int
+    ) -> None:
+        for name, index, raw in zip(names, indexes, raws, strict=True):
             values, mask = _to_floats(raw, self.dropped)
             rows = None if len(index) == n else np.asarray(index, dtype=np.intp) + offset
             if rows is None and offset:
                 rows = np.arange(offset, offset + n, dtype=np.intp)
             self._columns.setdefault(name, []).append((rows, values, mask))
-        self.rows += n
 
     def finish(self, now: float) -> StepBatch | None:
         """The batch of every entry added so far (``None`` when there were none)."""

@@ -41,8 +41,7 @@ CREATE TABLE IF NOT EXISTS steps (
     step BIGINT NOT NULL,
     time TIMESTAMP,
     {_METRIC_COLS},
-    extra MAP(VARCHAR, DOUBLE),
-    PRIMARY KEY (run_id, rank, step)
+    extra MAP(VARCHAR, DOUBLE)
 );
 CREATE TABLE IF NOT EXISTS events (
     run_id VARCHAR, rank INTEGER, time TIMESTAMP, kind VARCHAR, step BIGINT, fields JSON
@@ -79,16 +78,25 @@ CREATE TABLE IF NOT EXISTS ingest_offsets (
 
 _STEP_FIELDS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]
 _EXTRA_TYPE = pa.map_(pa.string(), pa.float64())
-_MERGE_SET = ", ".join(
-    [f"{c} = coalesce(excluded.{c}, steps.{c})" for c in ["time", *KNOWN_METRICS]]
-    + ["extra = map_concat(steps.extra, excluded.extra)"]
+_MERGE_SQL = f"""
+CREATE OR REPLACE TEMP TABLE _vigil_merged AS
+SELECT run_id, rank, step, max(time) AS time,
+       {", ".join(f"arg_max({m}, _ord) FILTER (WHERE {m} IS NOT NULL) AS {m}" for m in KNOWN_METRICS)},
+       list_reduce(list(extra ORDER BY _ord) FILTER (WHERE extra IS NOT NULL), lambda a, b: map_concat(a, b))
+           AS extra
+FROM (
+    SELECT s.*, 0 AS _ord FROM steps s SEMI JOIN _vigil_batch b USING (run_id, rank, step)
+    UNION ALL BY NAME
+    SELECT *, row_number() OVER () AS _ord FROM _vigil_batch
 )
-_MERGED_SELECT = ", ".join(
-    ["run_id", "rank", "step", "max(time)"]
-    + [f"any_value({m})" for m in KNOWN_METRICS]
-    # Several rows of one step in a batch: fold their custom-metric maps into one.
-    + ["list_reduce(list(extra) FILTER (extra IS NOT NULL), lambda a, b: map_concat(a, b))"]
-)
+GROUP BY run_id, rank, step;
+DELETE FROM steps USING _vigil_merged m
+    WHERE steps.run_id = m.run_id AND steps.rank = m.rank AND steps.step = m.step;
+INSERT INTO steps BY NAME SELECT * FROM _vigil_merged;
+DROP TABLE _vigil_merged;
+"""
+"""Fold a batch into rows already stored: per metric the latest non-NULL value wins
+(stream order), custom-metric maps are merged key by key."""
 
 
 def _ts(seconds: float | None) -> datetime | None:
@@ -167,6 +175,13 @@ class Store:
         if not self.con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
             self.con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
         self.last_seq = self._load_offset()
+        # Highest step stored per (run, rank): a batch whose steps all lie above it (and
+        # rise within it) cannot touch an existing row, so it is appended without any
+        # per-row key lookup. Anything else takes the merge path.
+        self._max_step: dict[tuple[str, int], int] = {
+            (run, rank): int(top)
+            for run, rank, top in self.con.execute("SELECT run_id, rank, max(step) FROM steps GROUP BY ALL").fetchall()
+        }
 
     def _load_offset(self) -> int:
         rows = self.con.execute(
@@ -187,13 +202,33 @@ class Store:
     def write(self, batch: IngestBatch) -> None:
         """Apply ``batch`` and its offset in one transaction (or nothing, on error)."""
         with self._lock:
-            try:
-                self._transaction(batch, merge=False)
-            except duckdb.ConstraintException:
-                # A step already stored (metrics split over messages, or a resent message):
-                # redo the batch merging rows into the existing ones.
-                self._transaction(batch, merge=True)
+            tops = self._append_only(batch)
+            self._transaction(batch, merge=tops is None)
+            if tops is None:
+                tops = self._tops_after_merge(batch)
+            self._max_step.update(tops)
             self.last_seq = max(self.last_seq, batch.max_seq)
+
+    def _append_only(self, batch: IngestBatch) -> dict[tuple[str, int], int] | None:
+        """New per-(run, rank) top steps if every step of ``batch`` is new and rising, else None."""
+        tops: dict[tuple[str, int], int] = {}
+        for part in batch.steps:
+            if not len(part):
+                continue
+            key = (part.source.run_id, part.source.rank)
+            top = tops.get(key, self._max_step.get(key, -(2**63)))
+            if part.step[0] <= top or (len(part) > 1 and not bool(np.all(np.diff(part.step) > 0))):
+                return None
+            tops[key] = int(part.step[-1])
+        return tops
+
+    def _tops_after_merge(self, batch: IngestBatch) -> dict[tuple[str, int], int]:
+        tops: dict[tuple[str, int], int] = {}
+        for part in batch.steps:
+            if len(part):
+                key = (part.source.run_id, part.source.rank)
+                tops[key] = max(tops.get(key, self._max_step.get(key, -(2**63))), int(part.step.max()))
+        return tops
 
     def _transaction(self, batch: IngestBatch, merge: bool) -> None:
         con = self.con
@@ -202,7 +237,7 @@ class Store:
         con.execute("BEGIN TRANSACTION")
         try:
             if batch.steps:
-                self._write_steps(merge)
+                con.execute(_MERGE_SQL if merge else "INSERT INTO steps SELECT * FROM _vigil_batch")
             self._write_records(batch)
             self._write_runs(batch)
             con.execute(
@@ -218,15 +253,6 @@ class Store:
         finally:
             if batch.steps:
                 con.unregister("_vigil_batch")
-
-    def _write_steps(self, merge: bool) -> None:
-        if not merge:
-            self.con.execute("INSERT INTO steps SELECT * FROM _vigil_batch")
-        else:
-            self.con.execute(
-                f"INSERT INTO steps SELECT {_MERGED_SELECT} FROM _vigil_batch GROUP BY run_id, rank, step "
-                f"ON CONFLICT (run_id, rank, step) DO UPDATE SET {_MERGE_SET}"
-            )
 
     def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
         if rows:
