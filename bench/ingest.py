@@ -152,12 +152,6 @@ def produce(argv: Sequence[str]) -> int:
 # ---- processes and probes --------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     """Poll ``condition`` until it returns something truthy; raise naming ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
@@ -240,7 +234,7 @@ class Services:
 
 def start_services(stack: contextlib.ExitStack, tmp: Path) -> Services:
     """nats-server with JetStream on a free port, then the daemon against it with ``/metrics`` on another."""
-    from trainvigil.daemon.natsserver import find_binary, port_open, server_args
+    from trainvigil.daemon.natsserver import find_binary, free_port, port_open, server_args
 
     nats_port, http_port = free_port(), free_port()
     nats_log = tmp / "nats-server.log"

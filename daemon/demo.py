@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,7 @@ import anyio
 from .config import DaemonConfig
 from .formatting import render
 from .logs import configure
+from .natsserver import free_port
 from .query import QueryRequest, QueryResult
 from .sqlclient import _ask
 
@@ -31,12 +31,6 @@ QUESTIONS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _ask_ok(url: str, sql: str) -> QueryResult:
     result = await _ask(url, QueryRequest(sql=sql), timeout=30)
     if result is None or result.error:
@@ -48,7 +42,7 @@ async def _demo(steps: int, data_dir: str) -> None:
     from .app import serve
 
     config = DaemonConfig(
-        data_dir=data_dir, embedded_port=_free_port(), http_port=_free_port(), log_format="console", log_level="warning"
+        data_dir=data_dir, embedded_port=free_port(), http_port=free_port(), log_format="console", log_level="warning"
     )
     async with anyio.create_task_group() as tg:
         url: str = await tg.start(serve, config)

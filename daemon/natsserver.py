@@ -50,6 +50,13 @@ def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def server_args(binary: Path, port: int, store_dir: Path, host: str = "127.0.0.1") -> list[str]:
     return [str(binary), "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,18 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainvigil.daemon.natsserver import find_binary, port_open, server_args
+from trainvigil.daemon.natsserver import find_binary, free_port, port_open, server_args
 from trainvigil.daemon.query import QueryRequest, QueryResult
 from trainvigil.daemon.sqlclient import _ask
 
 HERE = Path(__file__).parent
 CHILD_OFFSET = 1_000_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
