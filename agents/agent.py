@@ -20,6 +20,8 @@ from typing import Any
 
 from trainvigil.schemas import Record, RunEvent, RunStart, Source
 
+from trainvigil._version import __version__
+
 from .columnar import Entry
 from .options import AgentOptions, announce_run_id, resolve
 from .worker import Worker
@@ -29,7 +31,6 @@ log = logging.getLogger("trainvigil.agent")
 _live: weakref.WeakSet[Agent] = weakref.WeakSet()
 _orphans: list[Worker] = []  # a forked child keeps its parent's dead worker alive, never closes it
 _now = time.time
-_VERSION = "0.1.0"
 
 
 class Agent:
@@ -65,7 +66,7 @@ class Agent:
         self._worker: Worker | None = None
         if not opts.enabled:
             return
-        self._records.append(RunStart(time=time.time(), argv=list(sys.argv), agent_version=_VERSION))
+        self._records.append(RunStart(time=time.time(), argv=list(sys.argv), agent_version=__version__))
         self._worker = Worker(
             opts, self.source, self._steps, self._records, self._hot_drops.copy, lambda: self._last_step
         )

@@ -16,7 +16,7 @@ from .formatting import render
 from .logs import configure
 from .natsserver import free_port
 from .query import QueryRequest, QueryResult
-from .sqlclient import _ask
+from .sqlclient import ask_daemon
 
 QUESTIONS = [
     ("Runs", "select run_id, status, world_size, first_seen, last_seen from runs"),
@@ -32,7 +32,7 @@ QUESTIONS = [
 
 
 async def _ask_ok(url: str, sql: str) -> QueryResult:
-    result = await _ask(url, QueryRequest(sql=sql), timeout=30)
+    result = await ask_daemon(url, QueryRequest(sql=sql), timeout=30)
     if result is None or result.error:
         raise RuntimeError(f"demo query failed: {None if result is None else result.error}")
     return result

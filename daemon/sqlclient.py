@@ -21,7 +21,7 @@ async def _quiet(exc: Exception) -> None:
     """nats-py prints every connection error; here a missing broker is an expected answer."""
 
 
-async def _ask(url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
+async def ask_daemon(url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
     """The daemon's answer, or ``None`` when no broker or no daemon is there."""
     try:
         nc = await asyncio.wait_for(
@@ -57,7 +57,7 @@ def query(
         QueryError: the query failed.
         DaemonUnavailableError: no daemon answered and there is no database file.
     """
-    result = asyncio.run(_ask(nats_url, QueryRequest(sql=sql, limit=limit), timeout))
+    result = asyncio.run(ask_daemon(nats_url, QueryRequest(sql=sql, limit=limit), timeout))
     if result is not None:
         if result.refused:
             raise QueryRefusedError(result.error)

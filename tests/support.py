@@ -14,7 +14,7 @@ from typing import Any
 
 from trainvigil.daemon.natsserver import find_binary, free_port, port_open, server_args
 from trainvigil.daemon.query import QueryRequest, QueryResult
-from trainvigil.daemon.sqlclient import _ask
+from trainvigil.daemon.sqlclient import ask_daemon
 
 HERE = Path(__file__).parent
 CHILD_OFFSET = 1_000_000
@@ -99,7 +99,7 @@ class Daemon:
 
     def sql(self, sql: str) -> QueryResult:
         """Ask the daemon over NATS (never the file: a test must not hold the database's lock)."""
-        result = asyncio.run(_ask(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30))
+        result = asyncio.run(ask_daemon(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30))
         assert result is not None, "no daemon answered"
         assert not result.error, result.error
         return result

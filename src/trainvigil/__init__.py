@@ -7,8 +7,8 @@ Two lines in a training script::
     vigil.log(step, loss=loss, lr=lr)    # never blocks, never raises
 """
 
+from trainvigil._version import __version__
 from trainvigil.agents import Agent, init
 from trainvigil.errors import VigilError
 
-__version__ = "0.1.0"
 __all__ = ["Agent", "VigilError", "__version__", "init"]
