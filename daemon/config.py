@@ -16,6 +16,8 @@ import msgspec
 
 from trainvigil.errors import ConfigError
 
+from .detectors import DetectorsConfig
+
 
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The JetStream stream and the daemon's durable consumer."""
@@ -39,6 +41,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         query_row_limit: rows a ``vigil sql`` answer holds at most.
         query_timeout_s: a query running longer is interrupted.
         log_format: ``auto`` (JSON unless stderr is a terminal), ``json`` or ``console``.
+        detectors: one table per detector (``[detectors.grad_spike]``), see ``trainvigil.daemon.detectors``.
     """
 
     data_dir: str = "vigil-data"
@@ -53,6 +56,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     stream: StreamConfig = StreamConfig()
+    detectors: DetectorsConfig = msgspec.field(default_factory=DetectorsConfig)  # type: ignore[valid-type]
 
     @property
     def db_path(self) -> Path:

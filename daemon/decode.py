@@ -78,6 +78,10 @@ class IngestBatch:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     messages: int = 0
     max_seq: int = 0
+    now: float | None = None
+    """Wall-clock time of the batch (live ingest); None in replay, where record times stand in."""
+    cache: dict[str, object] = field(default_factory=dict)
+    """Views that detectors share, computed once per batch (see ``detectors._series``)."""
 
     @property
     def step_rows(self) -> int:

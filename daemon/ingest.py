@@ -87,6 +87,11 @@ class Ingest:
                         log.info("drained", last_seq=self.store.last_seq)
                         return
                     self.metrics.consumer_lag = 0
+                    # Nothing arrived: time still passes for detectors that watch silence (stall).
+                    idle = IngestBatch(max_seq=self.store.last_seq, now=time.time())
+                    idle.anomalies.extend(detectors.run_all(self.detectors, idle))
+                    if idle.anomalies:
+                        await send.send(Fetched(idle, [], 0))
                     continue
                 except nats.errors.Error as exc:  # broker restarting, reconnecting: try again
                     log.warning("fetch_failed", error=repr(exc))
@@ -103,6 +108,7 @@ class Ingest:
                 self.metrics.messages_skipped += len(msgs) - len(raw)
                 batch = decode_batch(raw)
                 batch.max_seq = max(batch.max_seq, applied)
+                batch.now = time.time()
                 batch.anomalies.extend(detectors.run_all(self.detectors, batch))
                 await send.send(Fetched(batch, msgs, msgs[-1].metadata.num_pending))
 

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 CREATE TABLE IF NOT EXISTS anomalies (
     run_id VARCHAR, rank INTEGER, step BIGINT, time TIMESTAMP, detector VARCHAR, severity VARCHAR,
-    state VARCHAR, value DOUBLE, baseline DOUBLE, threshold DOUBLE, message VARCHAR
+    state VARCHAR, value DOUBLE, baseline DOUBLE, threshold DOUBLE, message VARCHAR,
+    episode VARCHAR, last_step BIGINT, updated_at TIMESTAMP
 );
 CREATE TABLE IF NOT EXISTS canary_results (
     time TIMESTAMP, name VARCHAR, fault VARCHAR, passed BOOLEAN, expected_detector VARCHAR,
@@ -335,6 +336,26 @@ class Store:
         )
 
     def write_anomalies(self, anomalies: list[Anomaly]) -> None:
+        """One row per alert episode: an update (escalated, cleared) replaces the episode's row."""
+        latest: dict[str, Anomaly] = {}
+        first_time: dict[str, float] = {}
+        anonymous: list[Anomaly] = []
+        for a in anomalies:
+            if a.episode:
+                latest[a.episode] = a
+                first_time.setdefault(a.episode, a.time)
+            else:
+                anonymous.append(a)
+        updates = [a.episode for a in latest.values() if a.state != "open"]
+        opened: dict[str, Any] = {}
+        if updates:
+            # The row keeps the time the episode opened; ``updated_at`` says when it last changed.
+            opened = dict(
+                self.con.execute(
+                    "SELECT episode, time FROM anomalies WHERE list_contains(?, episode)", [updates]
+                ).fetchall()
+            )
+            self.con.execute("DELETE FROM anomalies WHERE list_contains(?, episode)", [updates])
         self._insert(
             "anomalies",
             [
@@ -342,7 +363,7 @@ class Store:
                     a.run_id,
                     a.rank,
                     a.step,
-                    _ts(a.time),
+                    opened.get(a.episode) or _ts(first_time.get(a.episode, a.time)),
                     a.detector,
                     a.severity,
                     a.state,
@@ -350,8 +371,11 @@ class Store:
                     a.baseline,
                     a.threshold,
                     a.message,
+                    a.episode or None,
+                    a.last_step,
+                    _ts(a.time),
                 )
-                for a in anomalies
+                for a in [*anonymous, *latest.values()]
             ],
         )
 

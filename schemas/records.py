@@ -16,7 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 0
+SCHEMA_MINOR = 1
 
 KNOWN_METRICS: tuple[str, ...] = (
     "loss",
@@ -165,6 +165,10 @@ class Anomaly(_Record, frozen=True, tag="anomaly"):
     threshold: float | None = None
     message: str = ""
     state: str = "open"
+    episode: str = ""
+    """Shared by every update of one incident (open, escalated, cleared)."""
+    last_step: int | None = None
+    """The latest step that was flagged in this episode."""
 
 
 class CanaryResult(_Record, frozen=True, tag="canary"):

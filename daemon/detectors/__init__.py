@@ -1,36 +1,47 @@
 """Streaming anomaly detectors: the seam between decoding and storing.
 
-A detector is a small callable built from the configuration, fed every decoded batch in
-stream order, returning the anomalies it raises (structlog-style processors, composed as
-a list). Adding one means adding a module and one line in ``REGISTRY``; the detectors
-themselves arrive with their own issue.
+A detector is a small class: settings (a msgspec Struct, ``Settings``) in ``__init__``,
+work in ``__call__``, which sees every decoded batch once, in stream order, and returns
+the alert updates it raises (see :class:`~._base.Episodes`). State is per (run, rank)
+with bounded memory. Adding one means one module and one line in ``REGISTRY``; its
+settings then appear in the daemon configuration as ``[detectors.<name>]`` (TOML) and
+``VIGIL_DETECTORS_<NAME>_<KEY>`` (environment).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 from trainvigil.schemas import Anomaly
 
-from ..config import DaemonConfig
 from ..decode import IngestBatch
+from ._base import Detector, Episodes, Finding
+from .non_finite import NonFinite
 
+if TYPE_CHECKING:
+    from ..config import DaemonConfig
 
-class Detector(Protocol):
-    """Per-(run, rank) state with bounded memory; ``__call__`` sees each batch once."""
+__all__ = ["REGISTRY", "Detector", "DetectorsConfig", "Episodes", "Finding", "build", "run_all"]
 
-    name: str
+REGISTRY: list[type[Any]] = [
+    NonFinite,
+]
+"""The detectors every daemon runs, in order."""
 
-    def __call__(self, batch: IngestBatch) -> list[Anomaly]: ...
-
-
-REGISTRY: list[Callable[[DaemonConfig], Detector]] = []
-"""Factories of the detectors every daemon runs, in order."""
+DetectorsConfig: type[msgspec.Struct] = msgspec.defstruct(
+    "DetectorsConfig",
+    [(d.name, d.Settings, msgspec.field(default_factory=d.Settings)) for d in REGISTRY],
+    frozen=True,
+    forbid_unknown_fields=True,
+    module=__name__,
+)
+"""One table of settings per registered detector (``detectors.grad_spike.warn_z`` ...)."""
 
 
 def build(config: DaemonConfig) -> list[Detector]:
-    return [factory(config) for factory in REGISTRY]
+    """A fresh instance of every registered detector with its configured settings."""
+    return [d(getattr(config.detectors, d.name)) for d in REGISTRY]
 
 
 def run_all(detectors: list[Detector], batch: IngestBatch) -> list[Anomaly]:

@@ -1,0 +1,164 @@
+"""What every detector shares: its signature and the alert-episode state machine.
+
+One incident is one *episode*, not a storm: the first flagged step opens it (one
+``Anomaly``, state ``open``), a later page-level flag while it is a warning escalates it
+(state ``escalated``), and once ``cooldown`` steps pass with no flag it clears (state
+``cleared``) and the detector re-arms. Every update carries the same ``episode`` id, so the
+``anomalies`` table keeps one row per episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import msgspec
+import numpy as np
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._series import StreamKey
+
+NONE, WARN, PAGE = 0, 1, 2
+SEVERITY_NAMES = {WARN: "warn", PAGE: "page"}
+
+
+class Detector(Protocol):
+    """A detector: settings in ``__init__``, work in ``__call__``; state per (run, rank), bounded."""
+
+    name: ClassVar[str]
+    Settings: ClassVar[type[msgspec.Struct]]
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What a detector says about one flagged position, computed only when an alert goes out."""
+
+    value: float | None
+    baseline: float | None
+    threshold: float | None
+    message: str
+
+
+@dataclass(slots=True)
+class _Episode:
+    id: str
+    opened_at: int
+    last_at: int
+    severity: int
+    opened_step: int | None
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None else float(x)
+
+
+class Episodes:
+    """Open episodes of one detector, keyed by stream (or any key naming the culprit)."""
+
+    def __init__(self, detector: str, cooldown: int) -> None:
+        self.detector = detector
+        self.cooldown = cooldown
+        self._open: dict[tuple[str, int], _Episode] = {}
+
+    def is_open(self, key: StreamKey) -> bool:
+        return key in self._open
+
+    def scan(
+        self,
+        key: StreamKey,
+        at: np.ndarray,
+        severity: np.ndarray,
+        time: np.ndarray,
+        describe: Callable[[int], Finding],
+        *,
+        steps: bool = True,
+    ) -> list[Anomaly]:
+        """Walk one stream's positions (ascending ``at``) with their severities (NONE/WARN/PAGE).
+
+        Python work is per flagged position only. ``describe(i)`` explains position ``i``.
+
+        Args:
+            steps: ``at`` holds step numbers (reported as the anomaly's step); False for
+                positions that are not steps (e.g. GIL sampling periods).
+        """
+        out: list[Anomaly] = []
+        if not len(at):
+            return out
+        for i in np.flatnonzero(severity):
+            i = int(i)
+            self._maybe_clear(key, int(at[i]) - 1, float(time[i]), out)
+            self._flag(key, int(at[i]), int(severity[i]), float(time[i]), describe, i, steps, out)
+        self._maybe_clear(key, int(at[-1]), float(time[-1]), out)
+        return out
+
+    def flag(
+        self, key: StreamKey, at: int, severity: int, time: float, finding: Finding, *, step: int | None = None
+    ) -> list[Anomaly]:
+        """Flag one position directly (detectors that judge one record at a time)."""
+        out: list[Anomaly] = []
+        self._maybe_clear(key, at - 1, time, out)
+        self._flag(key, at, severity, time, lambda _i: finding, 0, step is not None, out, step=step)
+        return out
+
+    def quiet(self, key: StreamKey, at: int, time: float) -> list[Anomaly]:
+        """Position ``at`` was judged and found clean: clear the episode if its cooldown passed."""
+        out: list[Anomaly] = []
+        self._maybe_clear(key, at, time, out)
+        return out
+
+    def _flag(
+        self,
+        key: StreamKey,
+        at: int,
+        severity: int,
+        time: float,
+        describe: Callable[[int], Finding],
+        i: int,
+        steps: bool,
+        out: list[Anomaly],
+        *,
+        step: int | None = None,
+    ) -> None:
+        episode = self._open.get(key)
+        if episode is not None:
+            episode.last_at = at
+            if severity <= episode.severity:
+                return
+            episode.severity = severity
+            state = "escalated"
+        else:
+            opened_step = step if step is not None else (at if steps else None)
+            episode = _Episode(f"{self.detector}:{key[0]}:{key[1]}:{at}", at, at, severity, opened_step)
+            self._open[key] = episode
+            state = "open"
+        finding = describe(i)
+        out.append(self._anomaly(key, episode, state, time, finding))
+
+    def _maybe_clear(self, key: StreamKey, at: int, time: float, out: list[Anomaly]) -> None:
+        episode = self._open.get(key)
+        if episode is None or at - episode.last_at < self.cooldown:
+            return
+        del self._open[key]
+        message = f"cleared: no {self.detector} flag for {self.cooldown} steps since {episode.last_at}"
+        out.append(self._anomaly(key, episode, "cleared", time, Finding(None, None, None, message)))
+
+    def _anomaly(self, key: StreamKey, episode: _Episode, state: str, time: float, finding: Finding) -> Anomaly:
+        return Anomaly(
+            time=time,
+            run_id=key[0],
+            rank=key[1],
+            step=episode.opened_step,
+            detector=self.detector,
+            severity="page" if episode.severity >= PAGE else "warn",
+            value=_num(finding.value),
+            baseline=_num(finding.baseline),
+            threshold=_num(finding.threshold),
+            message=finding.message,
+            state=state,
+            episode=episode.id,
+            last_step=episode.last_at if episode.opened_step is not None else None,
+        )

@@ -1,0 +1,106 @@
+"""Rolling robust statistics with bounded memory: a ring of the last ``size`` accepted values.
+
+Scoring is block-wise: each block of ``block`` values is judged against the window as it
+stood before the block, then the block's acceptable values join the window. A value is
+therefore never judged against itself, a flagged or non-finite value never enters the
+baseline, and the cost is one median per block instead of one per value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+"""MAD times this estimates the standard deviation of a normal distribution."""
+
+
+class Window:
+    """The last ``size`` accepted values (O(size) floats)."""
+
+    __slots__ = ("_buf", "_n", "_pos")
+
+    def __init__(self, size: int) -> None:
+        self._buf = np.empty(size, dtype=np.float64)
+        self._n = 0
+        self._pos = 0
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    @property
+    def values(self) -> np.ndarray:
+        """The held values (in no particular order)."""
+        return self._buf[: self._n]
+
+    def push(self, values: np.ndarray) -> None:
+        size = len(self._buf)
+        if len(values) >= size:
+            self._buf[:] = values[-size:]
+            self._n, self._pos = size, 0
+            return
+        end = self._pos + len(values)
+        if end <= size:
+            self._buf[self._pos : end] = values
+        else:
+            first = size - self._pos
+            self._buf[self._pos :] = values[:first]
+            self._buf[: end - size] = values[first:]
+        self._pos = end % size
+        self._n = min(size, self._n + len(values))
+
+    def median_scale(self, min_scale: float) -> tuple[float, float]:
+        """(median, robust standard deviation) with the scale floored at ``min_scale``."""
+        held = self.values
+        median = float(np.median(held))
+        mad = float(np.median(np.abs(held - median)))
+        return median, max(MAD_TO_SIGMA * mad, min_scale)
+
+    def mean(self) -> float:
+        return float(self.values.mean())
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """Per value: robust z and the baseline (median, scale) it was judged against (NaN in warm-up)."""
+
+    z: np.ndarray
+    median: np.ndarray
+    scale: np.ndarray
+
+
+def robust_z(
+    window: Window, x: np.ndarray, *, warmup: int, exclude_z: float, min_scale: float, block: int = 32
+) -> Scored:
+    """Score ``x`` (already transformed, e.g. logged) against ``window``, then feed it.
+
+    Args:
+        warmup: values the window must hold before anything is judged.
+        exclude_z: values with ``|z|`` above this stay out of the baseline.
+        min_scale: floor of the scale, so a flat series does not turn noise into infinite z.
+    """
+    n = len(x)
+    z = np.full(n, np.nan)
+    median = np.full(n, np.nan)
+    scale = np.full(n, np.nan)
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        chunk = x[start:stop]
+        keep = np.isfinite(chunk)
+        if window.count >= warmup:
+            med, sc = window.median_scale(min_scale)
+            chunk_z = (chunk - med) / sc
+            z[start:stop], median[start:stop], scale[start:stop] = chunk_z, med, sc
+            keep &= np.abs(chunk_z) <= exclude_z
+        window.push(chunk[keep])
+    return Scored(z, median, scale)
+
+
+def safe_log(values: np.ndarray) -> np.ndarray:
+    """``log(values)`` where positive and finite, NaN elsewhere (never warns)."""
+    out = np.full(len(values), np.nan)
+    ok = np.isfinite(values) & (values > 0)
+    np.log(values, out=out, where=ok)
+    return out

@@ -1,0 +1,124 @@
+"""A batch's steps regrouped per (run, rank) stream, in step order (pure NumPy).
+
+Detectors judge one stream at a time. A batch may hold several messages of the same
+stream, each with its own column set; :func:`streams` concatenates them once per batch
+(cached on the batch) and a detector then asks for one metric's fresh values with
+:meth:`StreamSteps.metric`. A metric that a message did not carry is *absent* (never a
+NaN: NaN is a value that ``non_finite`` must see).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..decode import IngestBatch, StepColumns
+
+StreamKey = tuple[str, int]
+"""(run_id, rank)."""
+
+PAUSE_TAGS: tuple[str, ...] = ("checkpoint", "eval")
+"""A step carrying a non-zero value under one of these names (or an event of that kind) is a pause."""
+
+
+@dataclass(frozen=True, slots=True)
+class Values:
+    """One metric's present values in step order."""
+
+    step: np.ndarray
+    value: np.ndarray
+    time: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def after(self, step: int) -> Values:
+        """The part with step numbers above ``step`` (what a detector has not judged yet)."""
+        if not len(self.step) or self.step[0] > step:
+            return self
+        keep = self.step > step
+        return Values(self.step[keep], self.value[keep], self.time[keep])
+
+
+@dataclass(slots=True)
+class StreamSteps:
+    """Every step of one stream in this batch, sorted by step (stable: later messages last)."""
+
+    run_id: str
+    rank: int
+    step: np.ndarray
+    time: np.ndarray
+    columns: dict[str, tuple[np.ndarray, np.ndarray]]
+    """name → (float64 values, bool presence), both as long as ``step``."""
+    _cache: dict[str, Values] = field(default_factory=dict)
+
+    def metric(self, name: str) -> Values:
+        """The present values of ``name`` (empty when the batch has none)."""
+        cached = self._cache.get(name)
+        if cached is None:
+            column = self.columns.get(name)
+            if column is None:
+                cached = Values(_EMPTY_I, _EMPTY_F, _EMPTY_F)
+            else:
+                values, present = column
+                cached = Values(self.step[present], values[present], self.time[present])
+            self._cache[name] = cached
+        return cached
+
+    def paused(self, extra_steps: np.ndarray | None = None) -> np.ndarray:
+        """Step numbers tagged as checkpoint/eval pauses (plus ``extra_steps`` from events)."""
+        tagged = [
+            self.step[present & (values != 0)]
+            for values, present in (self.columns[t] for t in PAUSE_TAGS if t in self.columns)
+        ]
+        if extra_steps is not None:
+            tagged.append(extra_steps)
+        return np.unique(np.concatenate(tagged)) if tagged else _EMPTY_I
+
+
+_EMPTY_I = np.empty(0, dtype=np.int64)
+_EMPTY_F = np.empty(0, dtype=np.float64)
+
+
+def _columns_of(part: StepColumns) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    return {**part.known, **part.custom}
+
+
+def _merge(parts: list[StepColumns]) -> StreamSteps:
+    source = parts[0].source
+    step = np.concatenate([p.step for p in parts]) if len(parts) > 1 else parts[0].step
+    times = np.concatenate([p.times for p in parts]) if len(parts) > 1 else parts[0].times
+    names: dict[str, None] = {}
+    for part in parts:
+        names.update(dict.fromkeys(_columns_of(part)))
+    columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name in names:
+        values, present = [], []
+        for part in parts:
+            values_mask = _columns_of(part).get(name)
+            if values_mask is None:
+                values.append(np.zeros(len(part)))
+                present.append(np.zeros(len(part), dtype=bool))
+            else:
+                values.append(values_mask[0])
+                present.append(values_mask[1] if values_mask[1] is not None else np.ones(len(part), dtype=bool))
+        columns[name] = (np.concatenate(values), np.concatenate(present))
+    if len(step) > 1 and not bool(np.all(step[1:] >= step[:-1])):
+        order = np.argsort(step, kind="stable")
+        step, times = step[order], times[order]
+        columns = {name: (v[order], p[order]) for name, (v, p) in columns.items()}
+    return StreamSteps(source.run_id, source.rank, step, times, columns)
+
+
+def streams(batch: IngestBatch) -> dict[StreamKey, StreamSteps]:
+    """The batch's steps per stream (computed once per batch, then cached on it)."""
+    cached = batch.cache.get("streams")
+    if cached is None:
+        grouped: dict[StreamKey, list[StepColumns]] = {}
+        for part in batch.steps:
+            if len(part):
+                grouped.setdefault((part.source.run_id, part.source.rank), []).append(part)
+        cached = {key: _merge(parts) for key, parts in grouped.items()}
+        batch.cache["streams"] = cached
+    return cached  # type: ignore[no-any-return]

@@ -1,0 +1,135 @@
+"""``non_finite``: loss, grad_norm, reward or kl NaN/±Inf → page on that same step.
+
+Mixed precision is different: a dynamic loss scaler skips a step whenever the scaled
+gradients overflow, and an infinite grad norm on that step is routine. Once a stream
+reports ``step_skipped`` or ``loss_scale``, a non-finite grad norm alone does not page;
+only ``consecutive_skips`` skipped steps in a row do (the scaler is not recovering).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._base import NONE, PAGE, Episodes, Finding
+from ._series import StreamKey, StreamSteps, streams
+
+
+class NonFiniteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metrics: tuple[str, ...] = ("loss", "grad_norm", "reward", "kl")
+    consecutive_skips: int = 3
+    cooldown: int = 50
+
+
+_HINT = (
+    "inspect the batch and the learning rate at this step, lower the LR or enable gradient clipping, "
+    "and resume from the last good checkpoint"
+)
+
+
+class _Stream:
+    __slots__ = ("amp", "last_scale", "skips", "watermark")
+
+    def __init__(self) -> None:
+        self.watermark: dict[str, int] = {}
+        self.amp = False
+        self.last_scale = float("nan")
+        self.skips = 0
+
+
+class NonFinite:
+    name: ClassVar[str] = "non_finite"
+    Settings: ClassVar[type[msgspec.Struct]] = NonFiniteSettings
+
+    def __init__(self, settings: NonFiniteSettings) -> None:
+        self.settings = settings
+        self.episodes = Episodes(self.name, settings.cooldown)
+        self._streams: dict[StreamKey, _Stream] = {}
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        for key, steps in streams(batch).items():
+            out.extend(self._judge(key, steps))
+        return out
+
+    def _judge(self, key: StreamKey, s: StreamSteps) -> list[Anomaly]:
+        state = self._streams.setdefault(key, _Stream())
+        fresh = np.zeros(len(s.step), dtype=bool)
+        bad = np.zeros(len(s.step), dtype=bool)
+        culprit = np.full(len(s.step), -1)
+        state.amp = state.amp or "step_skipped" in s.columns or "loss_scale" in s.columns
+        for m, name in enumerate(self.settings.metrics):
+            column = s.columns.get(name)
+            if column is None:
+                continue
+            values, present = column
+            mine = present & (s.step > state.watermark.get(name, -(2**63)))
+            if not mine.any():
+                continue
+            state.watermark[name] = int(s.step[mine][-1])
+            fresh |= mine
+            if state.amp and name == "grad_norm":
+                continue  # judged through skipped steps below
+            hit = mine & ~np.isfinite(values)
+            culprit[hit & ~bad] = m
+            bad |= hit
+        skipped_run = self._skipped_runs(state, s) if state.amp else None
+        if skipped_run is not None:
+            fresh |= skipped_run > 0
+            page = skipped_run >= self.settings.consecutive_skips
+            bad |= page
+        if not fresh.any():
+            return []
+        at, time = s.step[fresh], s.time[fresh]
+        severity = np.where(bad[fresh], PAGE, NONE)
+        idx = np.flatnonzero(fresh)
+
+        def describe(i: int) -> Finding:
+            j = idx[i]
+            if culprit[j] >= 0:
+                name = self.settings.metrics[culprit[j]]
+                value = float(s.columns[name][0][j])
+                return Finding(value, None, None, f"{name} is {value} at step {int(s.step[j])}: {_HINT}")
+            run = int(skipped_run[j]) if skipped_run is not None else 0
+            return Finding(
+                float(run),
+                None,
+                float(self.settings.consecutive_skips),
+                f"{run} consecutive steps skipped by the loss scaler (gradients overflow every step): "
+                "the loss scale cannot recover; check for a bad batch or a diverging layer",
+            )
+
+        return self.episodes.scan(key, at, severity, time, describe)
+
+    def _skipped_runs(self, state: _Stream, s: StreamSteps) -> np.ndarray:
+        """Per step: the length of the run of consecutive skipped steps ending there (0 if not skipped)."""
+        skipped = np.zeros(len(s.step), dtype=bool)
+        known = np.zeros(len(s.step), dtype=bool)
+        if "step_skipped" in s.columns:
+            values, present = s.columns["step_skipped"]
+            skipped |= present & (values != 0)
+            known |= present
+        if "loss_scale" in s.columns:
+            values, present = s.columns["loss_scale"]
+            scale = values[present]
+            previous = np.concatenate(([state.last_scale], scale[:-1]))
+            dropped = np.zeros(len(s.step), dtype=bool)
+            dropped[present] = scale < previous
+            skipped |= dropped & ~known
+            known |= present
+            if len(scale):
+                state.last_scale = float(scale[-1])
+        runs = np.zeros(len(s.step), dtype=np.int64)
+        k = skipped[known].astype(np.int64)
+        if len(k):
+            total = np.cumsum(k)
+            run = total - np.maximum.accumulate(np.where(k == 0, total, 0))
+            first_reset = int(np.argmin(k)) if not k.all() else len(k)
+            run[:first_reset] += state.skips
+            state.skips = int(run[-1])
+            runs[known] = run
+        return runs
