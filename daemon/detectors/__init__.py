@@ -17,7 +17,14 @@ from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
 from ._base import Detector, Episodes, Finding
+from .grad_spike import GradSpike
+from .kl_explode import KlExplode
+from .loss_spike import LossSpike
 from .non_finite import NonFinite
+from .reward_hack import RewardHack
+from .slowdown import Slowdown
+from .stall import Stall
+from .straggler import Straggler
 
 if TYPE_CHECKING:
     from ..config import DaemonConfig
@@ -26,6 +33,13 @@ __all__ = ["REGISTRY", "Detector", "DetectorsConfig", "Episodes", "Finding", "bu
 
 REGISTRY: list[type[Any]] = [
     NonFinite,
+    GradSpike,
+    LossSpike,
+    Slowdown,
+    Straggler,
+    KlExplode,
+    RewardHack,
+    Stall,
 ]
 """The detectors every daemon runs, in order."""
 

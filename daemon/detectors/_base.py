@@ -50,6 +50,7 @@ class _Episode:
     last_at: int
     severity: int
     opened_step: int | None
+    last_step: int | None
 
 
 def _num(x: float | None) -> float | None:
@@ -123,16 +124,16 @@ class Episodes:
         *,
         step: int | None = None,
     ) -> None:
+        this_step = step if step is not None else (at if steps else None)
         episode = self._open.get(key)
         if episode is not None:
-            episode.last_at = at
+            episode.last_at, episode.last_step = at, this_step
             if severity <= episode.severity:
                 return
             episode.severity = severity
             state = "escalated"
         else:
-            opened_step = step if step is not None else (at if steps else None)
-            episode = _Episode(f"{self.detector}:{key[0]}:{key[1]}:{at}", at, at, severity, opened_step)
+            episode = _Episode(f"{self.detector}:{key[0]}:{key[1]}:{at}", at, at, severity, this_step, this_step)
             self._open[key] = episode
             state = "open"
         finding = describe(i)
@@ -143,7 +144,8 @@ class Episodes:
         if episode is None or at - episode.last_at < self.cooldown:
             return
         del self._open[key]
-        message = f"cleared: no {self.detector} flag for {self.cooldown} steps since {episode.last_at}"
+        since = f"step {episode.last_step}" if episode.last_step is not None else "the last flag"
+        message = f"cleared: no {self.detector} flag for {self.cooldown} positions since {since}"
         out.append(self._anomaly(key, episode, "cleared", time, Finding(None, None, None, message)))
 
     def _anomaly(self, key: StreamKey, episode: _Episode, state: str, time: float, finding: Finding) -> Anomaly:
@@ -160,5 +162,5 @@ class Episodes:
             message=finding.message,
             state=state,
             episode=episode.id,
-            last_step=episode.last_at if episode.opened_step is not None else None,
+            last_step=episode.last_step,
         )

@@ -54,12 +54,22 @@ class Window:
     def median_scale(self, min_scale: float) -> tuple[float, float]:
         """(median, robust standard deviation) with the scale floored at ``min_scale``."""
         held = self.values
-        median = float(np.median(held))
-        mad = float(np.median(np.abs(held - median)))
+        median = fast_median(held)
+        mad = fast_median(np.abs(held - median))
         return median, max(MAD_TO_SIGMA * mad, min_scale)
 
     def mean(self) -> float:
         return float(self.values.mean())
+
+
+def fast_median(values: np.ndarray) -> float:
+    """The median of a non-empty finite 1-D array (one partition, without ``np.median``'s overhead)."""
+    n = len(values)
+    k = n // 2
+    if n % 2:
+        return float(np.partition(values, k)[k])
+    part = np.partition(values, (k - 1, k))
+    return float(part[k - 1] + part[k]) / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +82,14 @@ class Scored:
 
 
 def robust_z(
-    window: Window, x: np.ndarray, *, warmup: int, exclude_z: float, min_scale: float, block: int = 32
+    window: Window,
+    x: np.ndarray,
+    *,
+    warmup: int,
+    exclude_z: float,
+    min_scale: float,
+    exclude_above: float = np.inf,
+    block: int = 128,
 ) -> Scored:
     """Score ``x`` (already transformed, e.g. logged) against ``window``, then feed it.
 
@@ -80,21 +97,25 @@ def robust_z(
         warmup: values the window must hold before anything is judged.
         exclude_z: values with ``|z|`` above this stay out of the baseline.
         min_scale: floor of the scale, so a flat series does not turn noise into infinite z.
+        exclude_above: values more than this above the median stay out too (in ``x`` units).
     """
     n = len(x)
     z = np.full(n, np.nan)
     median = np.full(n, np.nan)
     scale = np.full(n, np.nan)
-    for start in range(0, n, block):
-        stop = min(n, start + block)
+    start = 0
+    while start < n:
+        # Re-estimate often while the window fills, then every ``block`` values.
+        stop = min(n, start + max(16, min(block, window.count)))
         chunk = x[start:stop]
         keep = np.isfinite(chunk)
         if window.count >= warmup:
             med, sc = window.median_scale(min_scale)
             chunk_z = (chunk - med) / sc
             z[start:stop], median[start:stop], scale[start:stop] = chunk_z, med, sc
-            keep &= np.abs(chunk_z) <= exclude_z
+            keep &= (np.abs(chunk_z) <= exclude_z) & (chunk - med <= exclude_above)
         window.push(chunk[keep])
+        start = stop
     return Scored(z, median, scale)
 
 
@@ -104,3 +125,12 @@ def safe_log(values: np.ndarray) -> np.ndarray:
     ok = np.isfinite(values) & (values > 0)
     np.log(values, out=out, where=ok)
     return out
+
+
+def consecutive(flags: np.ndarray, carry: int) -> np.ndarray:
+    """Per position, the length of the run of True ending there (``carry`` continues a run)."""
+    total = np.cumsum(flags, dtype=np.int64)
+    run = total - np.maximum.accumulate(np.where(flags, 0, total))
+    first_reset = int(np.argmin(flags)) if not flags.all() else len(flags)
+    run[:first_reset] += carry
+    return run

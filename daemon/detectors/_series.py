@@ -47,6 +47,7 @@ class StreamSteps:
 
     run_id: str
     rank: int
+    world_size: int
     step: np.ndarray
     time: np.ndarray
     columns: dict[str, tuple[np.ndarray, np.ndarray]]
@@ -66,15 +67,26 @@ class StreamSteps:
             self._cache[name] = cached
         return cached
 
-    def paused(self, extra_steps: np.ndarray | None = None) -> np.ndarray:
-        """Step numbers tagged as checkpoint/eval pauses (plus ``extra_steps`` from events)."""
-        tagged = [
+    def working(self, name: str, after: int, batch: IngestBatch) -> Values:
+        """Fresh values of ``name`` on steps that are not checkpoint/eval pauses.
+
+        A pause is a step carrying a non-zero ``checkpoint``/``eval`` value, or one named by an
+        event of that kind (``agent.event("checkpoint", step=...)``).
+        """
+        v = self.metric(name).after(after)
+        paused = [
             self.step[present & (values != 0)]
             for values, present in (self.columns[t] for t in PAUSE_TAGS if t in self.columns)
         ]
-        if extra_steps is not None:
-            tagged.append(extra_steps)
-        return np.unique(np.concatenate(tagged)) if tagged else _EMPTY_I
+        paused.extend(
+            np.array([e.step], dtype=np.int64)
+            for source, e in batch.events
+            if e.kind in PAUSE_TAGS and e.step is not None and (source.run_id, source.rank) == (self.run_id, self.rank)
+        )
+        if not paused or not len(v):
+            return v
+        keep = ~np.isin(v.step, np.concatenate(paused))
+        return Values(v.step[keep], v.value[keep], v.time[keep])
 
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
@@ -93,22 +105,28 @@ def _merge(parts: list[StepColumns]) -> StreamSteps:
     for part in parts:
         names.update(dict.fromkeys(_columns_of(part)))
     columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    everywhere = np.ones(len(step), dtype=bool)  # shared by every column present in every step
+    per_part = [_columns_of(part) for part in parts]
     for name in names:
-        values, present = [], []
-        for part in parts:
-            values_mask = _columns_of(part).get(name)
-            if values_mask is None:
-                values.append(np.zeros(len(part)))
-                present.append(np.zeros(len(part), dtype=bool))
+        found = [cols.get(name) for cols in per_part]
+        if all(f is not None and f[1] is None for f in found):
+            values = np.concatenate([f[0] for f in found]) if len(found) > 1 else found[0][0]  # type: ignore[index]
+            columns[name] = (values, everywhere)
+            continue
+        value_parts, present_parts = [], []
+        for part, f in zip(parts, found, strict=True):
+            if f is None:
+                value_parts.append(np.zeros(len(part)))
+                present_parts.append(np.zeros(len(part), dtype=bool))
             else:
-                values.append(values_mask[0])
-                present.append(values_mask[1] if values_mask[1] is not None else np.ones(len(part), dtype=bool))
-        columns[name] = (np.concatenate(values), np.concatenate(present))
+                value_parts.append(f[0])
+                present_parts.append(f[1] if f[1] is not None else np.ones(len(part), dtype=bool))
+        columns[name] = (np.concatenate(value_parts), np.concatenate(present_parts))
     if len(step) > 1 and not bool(np.all(step[1:] >= step[:-1])):
         order = np.argsort(step, kind="stable")
         step, times = step[order], times[order]
         columns = {name: (v[order], p[order]) for name, (v, p) in columns.items()}
-    return StreamSteps(source.run_id, source.rank, step, times, columns)
+    return StreamSteps(source.run_id, source.rank, source.world_size, step, times, columns)
 
 
 def streams(batch: IngestBatch) -> dict[StreamKey, StreamSteps]:

@@ -16,6 +16,7 @@ from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
 from ._base import NONE, PAGE, Episodes, Finding
+from ._robust import consecutive
 from ._series import StreamKey, StreamSteps, streams
 
 
@@ -124,12 +125,8 @@ class NonFinite:
             if len(scale):
                 state.last_scale = float(scale[-1])
         runs = np.zeros(len(s.step), dtype=np.int64)
-        k = skipped[known].astype(np.int64)
-        if len(k):
-            total = np.cumsum(k)
-            run = total - np.maximum.accumulate(np.where(k == 0, total, 0))
-            first_reset = int(np.argmin(k)) if not k.all() else len(k)
-            run[:first_reset] += state.skips
+        if known.any():
+            run = consecutive(skipped[known], state.skips)
             state.skips = int(run[-1])
             runs[known] = run
         return runs

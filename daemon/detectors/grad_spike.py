@@ -1,0 +1,86 @@
+"""``grad_spike``: the global grad norm jumps far above its recent level.
+
+Judged in log space (grad norms are positive and heavy-tailed) against a rolling median
+and MAD over the last ``window`` accepted steps: warn at robust z > ``warn_z``, page at
+z > ``page_z`` or a norm ≥ ``page_ratio`` x the rolling median. Spikes never enter the
+baseline, so a burst cannot teach the detector that spikes are normal.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._base import PAGE, WARN, Episodes, Finding
+from ._robust import Window, robust_z, safe_log
+from ._series import StreamKey, Values, streams
+
+
+class GradSpikeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metric: str = "grad_norm"
+    window: int = 256
+    warmup: int = 32
+    warn_z: float = 6.0
+    page_z: float = 8.0
+    page_ratio: float = 10.0
+    min_scale: float = 0.1
+    """Floor of the log-space scale: below it, noise is treated as this wide (a 0.1 floor: z 6 = x1.8)."""
+    cooldown: int = 50
+
+
+class _Stream:
+    __slots__ = ("watermark", "window")
+
+    def __init__(self, size: int) -> None:
+        self.window = Window(size)
+        self.watermark = -(2**63)
+
+
+class GradSpike:
+    name: ClassVar[str] = "grad_spike"
+    Settings: ClassVar[type[msgspec.Struct]] = GradSpikeSettings
+
+    def __init__(self, settings: GradSpikeSettings) -> None:
+        self.settings = settings
+        self.episodes = Episodes(self.name, settings.cooldown)
+        self._streams: dict[StreamKey, _Stream] = {}
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        for key, steps in streams(batch).items():
+            state = self._streams.get(key)
+            if state is None:
+                state = self._streams[key] = _Stream(self.settings.window)
+            v = steps.metric(self.settings.metric).after(state.watermark)
+            if len(v):
+                state.watermark = int(v.step[-1])
+                out.extend(self._judge(key, state, v))
+        return out
+
+    def _judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
+        cfg = self.settings
+        scored = robust_z(
+            state.window, safe_log(v.value), warmup=cfg.warmup, exclude_z=cfg.warn_z, min_scale=cfg.min_scale
+        )
+        with np.errstate(invalid="ignore"):
+            ratio = v.value / np.exp(scored.median)
+            page = (scored.z > cfg.page_z) | (ratio >= cfg.page_ratio)
+            warn = scored.z > cfg.warn_z
+        severity = np.where(page, PAGE, np.where(warn, WARN, 0))
+
+        def describe(i: int) -> Finding:
+            level = float(np.exp(scored.median[i]))
+            return Finding(
+                float(v.value[i]),
+                level,
+                level * float(np.exp(cfg.warn_z * scored.scale[i])),
+                f"{cfg.metric} {v.value[i]:.4g} is {ratio[i]:.1f}x its rolling median {level:.4g} "
+                f"(robust z {scored.z[i]:.1f}) at step {int(v.step[i])}: check that batch for outliers, "
+                "lower the learning rate or tighten gradient clipping",
+            )
+
+        return self.episodes.scan(key, v.step, severity, v.time, describe)

@@ -1,0 +1,148 @@
+"""``kl_explode``: the policy's KL from its reference is running away.
+
+KL climbs steadily over a healthy RL run, so its level is never judged against the run's
+own early value. Three rules instead:
+- target: with ``target`` set, KL above ``target_factor`` x target for ``target_steps`` steps → page;
+- rate: the mean log-KL of the last ``sustain`` steps has risen, against the ``sustain``
+  steps before, at a pace that doubles KL within ``double_steps`` steps, and stands clear of
+  the recent noise (robust z of that mean above ``z``) → warn; held ``confirm`` steps in a
+  row → page. Means of ``sustain`` steps, not single values, so one noisy step cannot do it;
+- sign: the mean KL over the last ``mean_steps`` below ``negative_mean`` → warn (the estimator
+  or the sign of the KL term is misconfigured).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._base import PAGE, WARN, Episodes, Finding
+from ._robust import Window, consecutive, robust_z, safe_log
+from ._series import StreamKey, Values, streams
+
+
+class KlExplodeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metric: str = "kl"
+    target: float = 0.0
+    """The KL target of an adaptive-KL controller; 0 turns the target rule off."""
+    target_factor: float = 2.0
+    target_steps: int = 3
+    double_steps: int = 10
+    sustain: int = 5
+    z: float = 7.0
+    confirm: int = 2
+    window: int = 256
+    warmup: int = 32
+    min_scale: float = 0.1
+    mean_steps: int = 50
+    negative_mean: float = -1.0
+    cooldown: int = 50
+
+
+class _Stream:
+    __slots__ = ("above", "confirmed", "recent", "tail", "watermark", "window")
+
+    def __init__(self, cfg: KlExplodeSettings) -> None:
+        self.window = Window(cfg.window)
+        self.watermark = -(2**63)
+        self.tail = np.full(2 * cfg.sustain - 1, np.nan)
+        """The last log-KL values, to smooth and difference across batch edges."""
+        self.recent = Window(cfg.mean_steps)
+        self.above = 0
+        self.confirmed = 0
+
+
+def _rolling_mean(x: np.ndarray, k: int) -> np.ndarray:
+    """out[i] = mean(x[i-k+1 .. i]) for i >= k-1, ignoring NaN (NaN when all k are NaN)."""
+    ok = np.isfinite(x)
+    total = np.concatenate(([0.0], np.cumsum(np.where(ok, x, 0.0))))
+    count = np.concatenate(([0], np.cumsum(ok)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (total[k:] - total[:-k]) / (count[k:] - count[:-k])
+
+
+class KlExplode:
+    name: ClassVar[str] = "kl_explode"
+    Settings: ClassVar[type[msgspec.Struct]] = KlExplodeSettings
+
+    def __init__(self, settings: KlExplodeSettings) -> None:
+        self.settings = settings
+        self.episodes = Episodes(self.name, settings.cooldown)
+        self._streams: dict[StreamKey, _Stream] = {}
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        for key, steps in streams(batch).items():
+            state = self._streams.get(key)
+            if state is None:
+                state = self._streams[key] = _Stream(self.settings)
+            v = steps.metric(self.settings.metric).after(state.watermark)
+            if len(v):
+                state.watermark = int(v.step[-1])
+                out.extend(self._judge(key, state, v))
+        return out
+
+    def _judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
+        cfg = self.settings
+        n = len(v)
+        logged = safe_log(v.value)
+        history = np.concatenate([state.tail, logged])
+        state.tail = history[-len(state.tail) :]
+        with np.errstate(invalid="ignore"):
+            means = _rolling_mean(history, cfg.sustain)  # means[j] ends at history[j + sustain - 1]
+            level = means[-n:]
+            earlier = means[-n - cfg.sustain : len(means) - cfg.sustain]
+            rise = level - earlier
+            scored = robust_z(state.window, logged, warmup=cfg.warmup, exclude_z=cfg.z, min_scale=cfg.min_scale)
+            z = (level - scored.median) / (scored.scale / np.sqrt(cfg.sustain))
+            pace = cfg.sustain * np.log(2.0) / cfg.double_steps
+            fast = (rise >= pace) & (z > cfg.z)
+            run = consecutive(fast, state.confirmed)
+            state.confirmed = int(run[-1])
+            if cfg.target > 0:
+                high = consecutive(v.value > cfg.target_factor * cfg.target, state.above)
+                state.above = int(high[-1])
+                over_target = high >= cfg.target_steps
+            else:
+                over_target = np.zeros(n, dtype=bool)
+        finite = v.value[np.isfinite(v.value)]
+        state.recent.push(finite)
+        negative = state.recent.count >= cfg.mean_steps and state.recent.mean() < cfg.negative_mean
+        severity = np.where(over_target | (run >= cfg.confirm), PAGE, np.where(fast, WARN, 0))
+        if negative:
+            severity[-1] = max(severity[-1], WARN)
+
+        def describe(i: int) -> Finding:
+            value, step = float(v.value[i]), int(v.step[i])
+            if over_target[i]:
+                return Finding(
+                    value,
+                    cfg.target,
+                    cfg.target_factor * cfg.target,
+                    f"KL {value:.4g} has been above {cfg.target_factor:g}x the target {cfg.target:g} for "
+                    f"{cfg.target_steps}+ steps (step {step}): raise the KL coefficient or lower the policy LR",
+                )
+            if fast[i]:
+                per_step = rise[i] / cfg.sustain
+                doubling = np.log(2.0) / per_step if per_step > 0 else float("inf")
+                return Finding(
+                    value,
+                    float(np.exp(scored.median[i])),
+                    float(np.exp(scored.median[i] + cfg.z * scored.scale[i] / np.sqrt(cfg.sustain))),
+                    f"KL {value:.4g} is doubling every {doubling:.1f} steps (step {step}): the policy is "
+                    "running away from its reference; raise the KL coefficient, lower the LR or clip harder",
+                )
+            mean = state.recent.mean()
+            return Finding(
+                mean,
+                None,
+                cfg.negative_mean,
+                f"mean KL over the last {cfg.mean_steps} steps is {mean:.3g} < {cfg.negative_mean:g}: a KL "
+                "estimate should not be this negative; check the estimator (k1 vs k3) and the sign of the KL term",
+            )
+
+        return self.episodes.scan(key, v.step, severity, v.time, describe)

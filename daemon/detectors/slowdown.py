@@ -1,0 +1,82 @@
+"""``slowdown``: a rank's step time has grown against its own best.
+
+Score = the rank's best window median of ``step_time`` / the current window median (1 =
+as fast as ever). Windows close at ``min_steps`` steps and ``min_seconds`` seconds, whichever
+comes later; checkpoint/eval steps are left out. A score below ``warn``/``page`` in two
+consecutive windows raises the alert, so one noisy window never does.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._base import Episodes, Finding
+from ._series import StreamKey, streams
+from ._windows import Windows, severity_of
+
+
+class SlowdownSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metric: str = "step_time"
+    min_steps: int = 50
+    min_seconds: float = 60.0
+    warn: float = 0.85
+    page: float = 0.75
+    cooldown_windows: int = 2
+
+
+class _Stream:
+    __slots__ = ("best", "index", "previous", "watermark", "windows")
+
+    def __init__(self, cfg: SlowdownSettings) -> None:
+        self.windows = Windows(cfg.min_steps, cfg.min_seconds)
+        self.watermark = -(2**63)
+        self.best = float("inf")
+        self.previous = 0
+        self.index = 0
+
+
+class Slowdown:
+    name: ClassVar[str] = "slowdown"
+    Settings: ClassVar[type[msgspec.Struct]] = SlowdownSettings
+
+    def __init__(self, settings: SlowdownSettings) -> None:
+        self.settings = settings
+        self.episodes = Episodes(self.name, settings.cooldown_windows)
+        self._streams: dict[StreamKey, _Stream] = {}
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        cfg = self.settings
+        out: list[Anomaly] = []
+        for key, steps in streams(batch).items():
+            state = self._streams.get(key)
+            if state is None:
+                state = self._streams[key] = _Stream(cfg)
+            v = steps.working(cfg.metric, state.watermark, batch)
+            if not len(v):
+                continue
+            state.watermark = int(v.step[-1])
+            for last_step, last_time, median in state.windows.feed(v):
+                state.index += 1
+                score = state.best / median if state.best < float("inf") else 1.0
+                now = severity_of(score, cfg.warn, cfg.page)
+                severity = min(now, state.previous)
+                state.previous = now
+                if not now:
+                    state.best = min(state.best, median)
+                if severity:
+                    finding = Finding(
+                        score,
+                        state.best,
+                        cfg.page if severity == 2 else cfg.warn,
+                        f"rank {key[1]} is slower: median {cfg.metric} {median:.4g}s against its best "
+                        f"{state.best:.4g}s (speed {score:.2f}) for two windows up to step {last_step}; "
+                        "look for thermal throttling, a noisy neighbour, data-loader starvation or memory pressure",
+                    )
+                    out.extend(self.episodes.flag(key, state.index, severity, last_time, finding, step=last_step))
+                else:
+                    out.extend(self.episodes.quiet(key, state.index, last_time))
+        return out

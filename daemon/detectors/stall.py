@@ -1,0 +1,95 @@
+"""``stall``: a live run has gone silent.
+
+A (run, rank) that sends no step and no heartbeat for max(``factor`` x its longest step
+interval, ``min_seconds``) pages; the episode clears as soon as steps resume. A rank that
+ended cleanly (``run_end``) never stalls; a new ``run_start`` makes it live again.
+
+Silence is measured on the daemon's clock (``batch.now``: when records arrived), so clock
+skew between hosts does not matter; step intervals come from the producer's own clock. In
+replay, where there is no wall clock, the latest record time seen stands in for now.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._base import PAGE, Episodes, Finding
+from ._series import StreamKey, streams
+
+
+class StallSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    factor: float = 5.0
+    min_seconds: float = 60.0
+
+
+class _Stream:
+    __slots__ = ("last_step", "last_step_time", "longest", "seen")
+
+    def __init__(self) -> None:
+        self.seen = 0.0
+        """Daemon time of the stream's latest record."""
+        self.last_step = -1
+        self.last_step_time = float("nan")
+        self.longest = 0.0
+
+
+class Stall:
+    name: ClassVar[str] = "stall"
+    Settings: ClassVar[type[msgspec.Struct]] = StallSettings
+
+    def __init__(self, settings: StallSettings) -> None:
+        self.settings = settings
+        self.episodes = Episodes(self.name, cooldown=1)
+        self._live: dict[StreamKey, _Stream] = {}
+        self._clock = float("-inf")
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        record_time = self._latest_record_time(batch)
+        self._clock = max(self._clock, batch.now if batch.now is not None else record_time)
+        now = self._clock
+        out: list[Anomaly] = []
+        for source, _ in [*batch.run_starts, *batch.heartbeats]:
+            self._live.setdefault((source.run_id, source.rank), _Stream()).seen = now
+        for key, s in streams(batch).items():
+            state = self._live.setdefault(key, _Stream())
+            state.seen = now
+            times = np.concatenate(([state.last_step_time], s.time)) if np.isfinite(state.last_step_time) else s.time
+            if len(times) > 1:
+                state.longest = max(state.longest, float(np.max(np.diff(times))))
+            state.last_step_time = float(s.time[-1])
+            if int(s.step[-1]) > state.last_step:
+                state.last_step = int(s.step[-1])
+                out.extend(self.episodes.quiet(key, state.last_step + 1, now))
+        for source, end in batch.run_ends:
+            key = (source.run_id, source.rank)
+            self._live.pop(key, None)
+            out.extend(self.episodes.quiet(key, 2**62, end.time))
+        for key, state in self._live.items():
+            limit = max(self.settings.factor * state.longest, self.settings.min_seconds)
+            silent = now - state.seen
+            if silent > limit:
+                finding = Finding(
+                    silent,
+                    state.longest,
+                    limit,
+                    f"rank {key[1]} has sent no step or heartbeat for {silent:.0f}s (limit {limit:.0f}s) after step "
+                    f"{state.last_step}: the process may be hung (deadlock in a collective, stuck data loader, "
+                    "dead host); check it with py-spy dump or the job's logs",
+                )
+                out.extend(self.episodes.flag(key, state.last_step, PAGE, now, finding, step=state.last_step))
+        return out
+
+    @staticmethod
+    def _latest_record_time(batch: IngestBatch) -> float:
+        latest = float("-inf")
+        for part in batch.steps:
+            if len(part):
+                latest = max(latest, float(part.times.max()))
+        for _, record in [*batch.heartbeats, *batch.run_starts, *batch.run_ends]:
+            latest = max(latest, record.time)
+        return latest

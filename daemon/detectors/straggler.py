@@ -1,0 +1,134 @@
+"""``straggler``: one rank is slower than the fastest rank of its run over the same steps.
+
+Steps are cut into aligned buckets of ``bucket`` steps, sized once per run so a bucket spans
+at least ``min_steps`` steps and ``min_seconds`` seconds; each rank's median ``step_time`` per
+bucket (checkpoint/eval steps left out) is compared with the fastest rank's:
+score = fastest / this rank's median. Below ``warn``/``page`` in two consecutive buckets
+raises an alert naming the slow rank. A slowdown of every rank is ``slowdown``'s business.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._base import Episodes, Finding
+from ._robust import fast_median
+from ._series import Values, streams
+from ._windows import severity_of
+
+
+class StragglerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metric: str = "step_time"
+    min_steps: int = 50
+    min_seconds: float = 60.0
+    warn: float = 0.85
+    page: float = 0.75
+    cooldown_buckets: int = 2
+    max_pending: int = 4
+    """Buckets held waiting for a missing rank before judging with the ranks present."""
+
+
+class _Run:
+    __slots__ = ("bucket", "medians", "partial", "previous", "watermark", "world")
+
+    def __init__(self) -> None:
+        self.bucket = 0
+        self.world = 1
+        self.watermark: dict[int, int] = {}
+        self.partial: dict[int, tuple[int, list[np.ndarray]]] = {}
+        """rank → (bucket, values so far) of the bucket the rank is in."""
+        self.medians: dict[int, dict[int, float]] = {}
+        """bucket → rank → median, for buckets not judged yet."""
+        self.previous: dict[int, int] = {}
+
+
+class Straggler:
+    name: ClassVar[str] = "straggler"
+    Settings: ClassVar[type[msgspec.Struct]] = StragglerSettings
+
+    def __init__(self, settings: StragglerSettings) -> None:
+        self.settings = settings
+        self.episodes = Episodes(self.name, settings.cooldown_buckets)
+        self._runs: dict[str, _Run] = {}
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        cfg = self.settings
+        touched: set[str] = set()
+        for (run_id, rank), steps in streams(batch).items():
+            run = self._runs.get(run_id)
+            if run is None:
+                run = self._runs[run_id] = _Run()
+            run.world = max(run.world, steps.world_size, rank + 1)
+            v = steps.working(cfg.metric, run.watermark.get(rank, -(2**63)), batch)
+            if not len(v):
+                continue
+            run.watermark[rank] = int(v.step[-1])
+            if not run.bucket:
+                run.bucket = self._bucket_size(v)
+            self._collect(run, rank, v)
+            touched.add(run_id)
+        out: list[Anomaly] = []
+        for run_id in touched:
+            out.extend(self._judge(run_id, self._runs[run_id], batch))
+        return out
+
+    def _bucket_size(self, v: Values) -> int:
+        typical = float(np.median(v.value[np.isfinite(v.value)])) if len(v) else 0.0
+        per_time = math.ceil(self.settings.min_seconds / typical) if typical > 0 else 0
+        return max(self.settings.min_steps, per_time)
+
+    def _collect(self, run: _Run, rank: int, v: Values) -> None:
+        buckets = v.step // run.bucket
+        edges = np.flatnonzero(np.diff(buckets)) + 1
+        for start, stop in zip(np.r_[0, edges], np.r_[edges, len(v)], strict=True):
+            bucket = int(buckets[start])
+            values = v.value[start:stop]
+            current = run.partial.get(rank)
+            if current is not None and current[0] == bucket:
+                current[1].append(values)
+                continue
+            if current is not None:  # the rank moved on: its previous bucket is complete
+                held = np.concatenate(current[1])
+                held = held[np.isfinite(held) & (held > 0)]
+                if len(held):
+                    run.medians.setdefault(current[0], {})[rank] = fast_median(held)
+            run.partial[rank] = (bucket, [values])
+
+    def _judge(self, run_id: str, run: _Run, batch: IngestBatch) -> list[Anomaly]:
+        cfg = self.settings
+        out: list[Anomaly] = []
+        for bucket in sorted(run.medians):
+            medians = run.medians[bucket]
+            if len(medians) < run.world and len(run.medians) <= cfg.max_pending:
+                break
+            del run.medians[bucket]
+            if len(medians) < 2:
+                continue
+            fastest = min(medians.values())
+            last_step = (bucket + 1) * run.bucket - 1
+            when = batch.now if batch.now is not None else float("nan")
+            for rank, median in medians.items():
+                score = fastest / median
+                now = severity_of(score, cfg.warn, cfg.page)
+                severity = min(now, run.previous.get(rank, 0))
+                run.previous[rank] = now
+                key = (run_id, rank)
+                if severity:
+                    finding = Finding(
+                        score,
+                        fastest,
+                        cfg.page if severity == 2 else cfg.warn,
+                        f"rank {rank} is a straggler: median {cfg.metric} {median:.4g}s against {fastest:.4g}s on "
+                        f"the fastest rank (speed {score:.2f}) over two buckets up to step {last_step}; check that "
+                        "rank's host (GPU clocks, thermal throttling, NIC, other jobs) or its data shard",
+                    )
+                    out.extend(self.episodes.flag(key, bucket, severity, when, finding, step=last_step))
+                else:
+                    out.extend(self.episodes.quiet(key, bucket, when))
+        return out
