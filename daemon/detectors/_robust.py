@@ -19,12 +19,18 @@ MAD_TO_SIGMA = 1.4826
 class Window:
     """The last ``size`` accepted values (O(size) floats)."""
 
-    __slots__ = ("_buf", "_n", "_pos")
+    __slots__ = ("_buf", "_n", "_pos", "rejected")
 
     def __init__(self, size: int) -> None:
         self._buf = np.empty(size, dtype=np.float64)
         self._n = 0
         self._pos = 0
+        self.rejected = 0
+        """Finite values kept out in a row (see ``readmit`` in :func:`robust_z`)."""
+
+    @property
+    def size(self) -> int:
+        return len(self._buf)
 
     @property
     def count(self) -> int:
@@ -90,6 +96,7 @@ def robust_z(
     min_scale: float,
     exclude_above: float = np.inf,
     block: int = 128,
+    readmit: int | None = None,
 ) -> Scored:
     """Score ``x`` (already transformed, e.g. logged) against ``window``, then feed it.
 
@@ -98,6 +105,9 @@ def robust_z(
         exclude_z: values with ``|z|`` above this stay out of the baseline.
         min_scale: floor of the scale, so a flat series does not turn noise into infinite z.
         exclude_above: values more than this above the median stay out too (in ``x`` units).
+        readmit: after this many finite values in a row were kept out (default: half the
+            window), the level has shifted for good: they enter the baseline after all, so
+            one lasting shift is one alert episode and not an endless series.
     """
     n = len(x)
     z = np.full(n, np.nan)
@@ -114,6 +124,13 @@ def robust_z(
             chunk_z = (chunk - med) / sc
             z[start:stop], median[start:stop], scale[start:stop] = chunk_z, med, sc
             keep &= (np.abs(chunk_z) <= exclude_z) & (chunk - med <= exclude_above)
+        finite = np.isfinite(chunk)
+        if keep.any() or not finite.any():
+            window.rejected = 0
+        else:
+            window.rejected += int(finite.sum())
+            if window.rejected >= (readmit if readmit is not None else window.size // 2):
+                keep, window.rejected = finite, 0
         window.push(chunk[keep])
         start = stop
     return Scored(z, median, scale)
