@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._robust import fast_median
+from ._robust import segment_medians
 from ._series import Values
 
 
@@ -29,7 +29,7 @@ class Windows:
         self._times.append(v.time[finite])
         self._values.append(v.value[finite])
         steps, times, values = (np.concatenate(x) for x in (self._steps, self._times, self._values))
-        closed: list[tuple[int, float, float]] = []
+        ends: list[int] = []
         start = 0
         while len(values) - start >= self.min_steps:
             by_count = start + self.min_steps - 1
@@ -37,8 +37,13 @@ class Windows:
             end = max(by_count, by_time)
             if end >= len(values):
                 break
-            closed.append((int(steps[end]), float(times[end]), fast_median(values[start : end + 1])))
+            ends.append(end)
             start = end + 1
+        closed: list[tuple[int, float, float]] = []
+        if ends:
+            segment = np.repeat(np.arange(len(ends)), np.diff(np.r_[-1, ends]))
+            _, medians = segment_medians(values[:start], segment)
+            closed = [(int(steps[e]), float(times[e]), float(m)) for e, m in zip(ends, medians, strict=True)]
         self._steps, self._times, self._values = [steps[start:]], [times[start:]], [values[start:]]
         return closed
 

@@ -13,7 +13,6 @@ reward rises, entropy declines gradually and KL climbs steadily, stay silent.
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from typing import ClassVar
 
 import msgspec
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
@@ -91,15 +89,27 @@ class _Stream:
 
 
 class _Windows:
-    """Per evaluation point, the last ``recent`` values of each metric (rows of 2-D views)."""
+    """Rolling sums over the last ``recent`` values ending at each evaluation point (O(n), NaN-aware)."""
 
     def __init__(self, full: dict[str, np.ndarray], ends: np.ndarray, recent: int) -> None:
-        self.rows = {n: sliding_window_view(v, recent)[ends - recent + 1] for n, v in full.items()}
+        self.full, self.ends, self.recent = full, ends, recent
+        self.finite = {n: np.isfinite(v) for n, v in full.items()}
+        self.zeroed = {n: np.where(self.finite[n], v, 0.0) for n, v in full.items()}
 
-    def nan_rowwise(self, fn: object, name: str) -> np.ndarray:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows give NaN, which fails every rule
-            return fn(self.rows[name], axis=1)  # type: ignore[operator,no-any-return]
+    def total(self, x: np.ndarray) -> np.ndarray:
+        """Sum of ``x`` over each evaluation window."""
+        c = np.concatenate(([0.0], np.cumsum(x, dtype=np.float64)))
+        return c[self.ends + 1] - c[self.ends + 1 - self.recent]
+
+    def mean(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(count of finite values, their mean) per window."""
+        n = self.total(self.finite[name])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return n, self.total(self.zeroed[name]) / n
+
+    def window(self, name: str, j: int) -> np.ndarray:
+        end = int(self.ends[j])
+        return self.full[name][end + 1 - self.recent : end + 1]
 
 
 class RewardHack:
@@ -169,29 +179,36 @@ class RewardHack:
     def _rules(self, early: _Early, w: _Windows) -> list[tuple[str, Callable[[int], Finding]]]:
         """Per evaluation point: the first rule that holds ("" if none) and how to explain it."""
         cfg = self.settings
-        reward = w.rows["reward"]
-        mean_reward = w.nan_rowwise(np.nanmean, "reward")
-        x = np.arange(cfg.recent, dtype=np.float64) - (cfg.recent - 1) / 2
-        slope = np.nansum(x * (reward - mean_reward[:, None]), axis=1) / (x * x).sum()
-        enough = np.isfinite(reward).sum(axis=1) >= cfg.recent // 2
-        rows = w.rows["entropy"]
-        entropy = np.median(rows, axis=1) if np.isfinite(rows).all() else w.nan_rowwise(np.nanmedian, "entropy")
-        collapsed = enough & (slope > 0) & (entropy < cfg.entropy_ratio * early.entropy)
-        kl = w.nan_rowwise(np.nanmean, "kl")
+        count, mean_reward = w.mean("reward")
+        enough = count >= cfg.recent // 2
+        # The slope's sign: sum((t - mean t)(y - mean y)) over finite rewards.
+        t = np.arange(len(w.full["reward"]), dtype=np.float64)
+        f = w.finite["reward"]
+        sum_t, sum_ty = w.total(t * f), w.total(t * w.zeroed["reward"])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rising = sum_ty - sum_t * mean_reward > 0
+        # Median entropy below the bar <=> more than half of the window's entropies are below it.
+        bar = cfg.entropy_ratio * early.entropy
+        n_entropy = w.total(w.finite["entropy"])
+        below = w.total(
+            w.finite["entropy"] & (w.full["entropy"] < bar) if np.isfinite(bar) else w.finite["entropy"] & False
+        )
+        collapsed = enough & rising & (n_entropy > 0) & (below * 2 > n_entropy)
+        n_kl, kl = w.mean("kl")
+        n_len, length = w.mean("response_len")
         with np.errstate(invalid="ignore", divide="ignore"):
             gain = (mean_reward - early.reward_start) / np.sqrt(kl)
-            cheap = enough & (kl > 0) & (gain > cfg.gain_ratio * early.gain) & (early.gain > 0)
-            length = w.nan_rowwise(np.nanmean, "response_len")
-            corr = _rowwise_corr(reward, w.rows["response_len"])
-            long = enough & (length > cfg.length_ratio * early.length) & (corr > cfg.length_corr)
+            cheap = enough & (n_kl > 0) & (kl > 0) & (gain > cfg.gain_ratio * early.gain) & (early.gain > 0)
+            longer = enough & (n_len >= cfg.recent // 2) & (length > cfg.length_ratio * early.length)
         out: list[tuple[str, Callable[[int], Finding]]] = []
-        for j in range(len(reward)):
+        for j in range(len(w.ends)):
             if collapsed[j]:
-                out.append(("entropy", partial(self._entropy_finding, float(entropy[j]), early.entropy)))
+                median = float(np.nanmedian(w.window("entropy", j)))
+                out.append(("entropy", partial(self._entropy_finding, median, early.entropy)))
             elif cheap[j]:
                 out.append(("gain", partial(self._gain_finding, float(gain[j]), early.gain)))
-            elif long[j]:
-                out.append(("length", partial(self._length_finding, float(length[j]), early.length, float(corr[j]))))
+            elif longer[j] and (corr := _corr(w.window("reward", j), w.window("response_len", j))) > cfg.length_corr:
+                out.append(("length", partial(self._length_finding, float(length[j]), early.length, corr)))
             else:
                 out.append(("", _no_finding))
         return out
@@ -231,13 +248,11 @@ def _no_finding(step: int) -> Finding:
     return Finding(None, None, None, "")
 
 
-def _rowwise_corr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pearson correlation per row over the positions where both are finite (NaN if undefined)."""
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation over the positions where both are finite (0 when undefined)."""
     both = np.isfinite(a) & np.isfinite(b)
-    n = both.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        a0 = np.where(both, a, 0.0)
-        b0 = np.where(both, b, 0.0)
-        ma, mb = a0.sum(axis=1) / n, b0.sum(axis=1) / n
-        da, db = np.where(both, a0 - ma[:, None], 0.0), np.where(both, b0 - mb[:, None], 0.0)
-        return (da * db).sum(axis=1) / np.sqrt((da * da).sum(axis=1) * (db * db).sum(axis=1))
+    if both.sum() < 3:
+        return 0.0
+    a, b = a[both] - a[both].mean(), b[both] - b[both].mean()
+    denominator = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum()) / denominator if denominator > 0 else 0.0

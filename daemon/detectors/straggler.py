@@ -18,7 +18,7 @@ from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
 from ._base import Episodes, Finding
-from ._robust import fast_median
+from ._robust import segment_medians
 from ._series import Values, streams
 from ._windows import severity_of
 
@@ -41,7 +41,7 @@ class _Run:
         self.bucket = 0
         self.world = 1
         self.watermark: dict[int, int] = {}
-        self.partial: dict[int, tuple[int, list[np.ndarray]]] = {}
+        self.partial: dict[int, tuple[int, np.ndarray]] = {}
         """rank → (bucket, values so far) of the bucket the rank is in."""
         self.medians: dict[int, dict[int, float]] = {}
         """bucket → rank → median, for buckets not judged yet."""
@@ -84,21 +84,22 @@ class Straggler:
         return max(self.settings.min_steps, per_time)
 
     def _collect(self, run: _Run, rank: int, v: Values) -> None:
-        buckets = v.step // run.bucket
-        edges = np.flatnonzero(np.diff(buckets)) + 1
-        for start, stop in zip(np.r_[0, edges], np.r_[edges, len(v)], strict=True):
-            bucket = int(buckets[start])
-            values = v.value[start:stop]
-            current = run.partial.get(rank)
-            if current is not None and current[0] == bucket:
-                current[1].append(values)
-                continue
-            if current is not None:  # the rank moved on: its previous bucket is complete
-                held = np.concatenate(current[1])
-                held = held[np.isfinite(held) & (held > 0)]
-                if len(held):
-                    run.medians.setdefault(current[0], {})[rank] = fast_median(held)
-            run.partial[rank] = (bucket, [values])
+        """Add a rank's values; every bucket the rank has moved past gets its median."""
+        ok = np.isfinite(v.value) & (v.value > 0)
+        buckets, values = v.step[ok] // run.bucket, v.value[ok]
+        pending = run.partial.get(rank)
+        if pending is not None:
+            buckets = np.concatenate([np.full(len(pending[1]), pending[0]), buckets])
+            values = np.concatenate([pending[1], values])
+        if not len(values):
+            return
+        last = int(buckets[-1])
+        complete = buckets < last
+        if complete.any():
+            ids, medians = segment_medians(values[complete], buckets[complete])
+            for bucket, median in zip(ids.tolist(), medians.tolist(), strict=True):
+                run.medians.setdefault(bucket, {})[rank] = median
+        run.partial[rank] = (last, values[~complete])
 
     def _judge(self, run_id: str, run: _Run, batch: IngestBatch) -> list[Anomaly]:
         cfg = self.settings
