@@ -26,7 +26,8 @@ _I8 = np.dtype("<i8")
 
 def _as_float(value: Any) -> float | None:
     try:
-        return float(value)
+        # A tensor straight from autograd: read its value without torch's requires_grad warning.
+        return float(value.detach() if hasattr(value, "detach") else value)
     except (TypeError, ValueError, RuntimeError, OverflowError):
         return None
 
@@ -84,6 +85,9 @@ class StepBatchBuilder:
     def _add_uniform(self, names: tuple[str, ...], dicts: list[dict[str, Any]], offset: int) -> None:
         """Every entry logged the same names in the same order (the common case): one flat array."""
         n, k = len(dicts), len(names)
+        if any(hasattr(v, "detach") for v in dicts[0].values()):  # tensors: the careful path detaches them
+            self._add_columns(names, [list(range(n))] * k, [[d[name] for d in dicts] for name in names], n, offset)
+            return
         try:
             # float() of each value; None, strings and the like raise and take the careful path.
             matrix = np.fromiter(chain.from_iterable(map(dict.values, dicts)), dtype=_F8, count=n * k).reshape(n, k)
