@@ -51,6 +51,10 @@ class _Episode:
     severity: int
     opened_step: int | None
     last_step: int | None
+    finding: Finding
+
+
+_NO_FINDING = Finding(None, None, None, "")
 
 
 def _num(x: float | None) -> float | None:
@@ -133,11 +137,13 @@ class Episodes:
             episode.severity = severity
             state = "escalated"
         else:
-            episode = _Episode(f"{self.detector}:{key[0]}:{key[1]}:{at}", at, at, severity, this_step, this_step)
+            episode = _Episode(
+                f"{self.detector}:{key[0]}:{key[1]}:{at}", at, at, severity, this_step, this_step, _NO_FINDING
+            )
             self._open[key] = episode
             state = "open"
-        finding = describe(i)
-        out.append(self._anomaly(key, episode, state, time, finding))
+        episode.finding = describe(i)
+        out.append(self._anomaly(key, episode, state, time, episode.finding))
 
     def _maybe_clear(self, key: StreamKey, at: int, time: float, out: list[Anomaly]) -> None:
         episode = self._open.get(key)
@@ -146,7 +152,11 @@ class Episodes:
         del self._open[key]
         since = f"step {episode.last_step}" if episode.last_step is not None else "the last flag"
         message = f"cleared: no {self.detector} flag for {self.cooldown} positions since {since}"
-        out.append(self._anomaly(key, episode, "cleared", time, Finding(None, None, None, message)))
+        # The cleared update keeps the numbers of the worst flag, so the episode's row still shows them.
+        last = episode.finding
+        out.append(
+            self._anomaly(key, episode, "cleared", time, Finding(last.value, last.baseline, last.threshold, message))
+        )
 
     def _anomaly(self, key: StreamKey, episode: _Episode, state: str, time: float, finding: Finding) -> Anomaly:
         return Anomaly(

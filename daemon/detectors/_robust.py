@@ -151,16 +151,3 @@ def consecutive(flags: np.ndarray, carry: int) -> np.ndarray:
     first_reset = int(np.argmin(flags)) if not flags.all() else len(flags)
     run[:first_reset] += carry
     return run
-
-
-def segment_medians(values: np.ndarray, segment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Medians of contiguous segments at once: (segment ids, their medians), ids ascending.
-
-    ``segment`` must be non-decreasing. One sort for all segments instead of a median call each.
-    """
-    order = np.lexsort((values, segment))
-    ordered = values[order]
-    ids, starts, counts = np.unique(segment, return_index=True, return_counts=True)
-    low = ordered[starts + (counts - 1) // 2]
-    high = ordered[starts + counts // 2]
-    return ids, (low + high) / 2

@@ -67,26 +67,34 @@ class StreamSteps:
             self._cache[name] = cached
         return cached
 
-    def working(self, name: str, after: int, batch: IngestBatch) -> Values:
-        """Fresh values of ``name`` on steps that are not checkpoint/eval pauses.
+    def paused(self, batch: IngestBatch) -> np.ndarray:
+        """Per step: is it a checkpoint/eval pause?
 
         A pause is a step carrying a non-zero ``checkpoint``/``eval`` value, or one named by an
         event of that kind (``agent.event("checkpoint", step=...)``).
         """
-        v = self.metric(name).after(after)
-        paused = [
-            self.step[present & (values != 0)]
-            for values, present in (self.columns[t] for t in PAUSE_TAGS if t in self.columns)
-        ]
-        paused.extend(
-            np.array([e.step], dtype=np.int64)
+        mask = np.zeros(len(self.step), dtype=bool)
+        for tag in PAUSE_TAGS:
+            if tag in self.columns:
+                values, present = self.columns[tag]
+                mask |= present & (values != 0)
+        named = [
+            e.step
             for source, e in batch.events
             if e.kind in PAUSE_TAGS and e.step is not None and (source.run_id, source.rank) == (self.run_id, self.rank)
-        )
-        if not paused or not len(v):
-            return v
-        keep = ~np.isin(v.step, np.concatenate(paused))
-        return Values(v.step[keep], v.value[keep], v.time[keep])
+        ]
+        if named:
+            mask |= np.isin(self.step, np.asarray(named, dtype=np.int64))
+        return mask
+
+    def working(self, name: str, after: int, batch: IngestBatch) -> Values:
+        """Fresh values of ``name`` on steps that are not pauses (see :meth:`paused`)."""
+        column = self.columns.get(name)
+        if column is None:
+            return Values(_EMPTY_I, _EMPTY_F, _EMPTY_F)
+        values, present = column
+        keep = present & (self.step > after) & ~self.paused(batch)
+        return Values(self.step[keep], values[keep], self.time[keep])
 
 
 _EMPTY_I = np.empty(0, dtype=np.int64)

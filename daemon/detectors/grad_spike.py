@@ -68,7 +68,8 @@ class GradSpike:
         )
         with np.errstate(invalid="ignore"):
             ratio = v.value / np.exp(scored.median)
-            page = (scored.z > cfg.page_z) | (ratio >= cfg.page_ratio)
+            # A non-finite norm is non_finite's alert, not a spike.
+            page = (scored.z > cfg.page_z) | ((ratio >= cfg.page_ratio) & np.isfinite(v.value))
             warn = scored.z > cfg.warn_z
         severity = np.where(page, PAGE, np.where(warn, WARN, 0))
 

@@ -1,9 +1,9 @@
 """``slowdown``: a rank's step time has grown against its own best.
 
 Score = the rank's best window median of ``step_time`` / the current window median (1 =
-as fast as ever). Windows close at ``min_steps`` steps and ``min_seconds`` seconds, whichever
-comes later; checkpoint/eval steps are left out. A score below ``warn``/``page`` in two
-consecutive windows raises the alert, so one noisy window never does.
+as fast as ever). A window is the last ``min_steps`` steps and ``min_seconds`` seconds,
+whichever is longer, judged every half window; checkpoint/eval steps are left out. A score
+below ``warn``/``page`` in two consecutive windows raises the alert, so one noisy window never does.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ class SlowdownSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_seconds: float = 60.0
     warn: float = 0.85
     page: float = 0.75
-    cooldown_windows: int = 2
+    cooldown_windows: int = 4
+    """Judged windows (half a window apart) with no flag before an episode clears."""
 
 
 class _Stream:

@@ -1,7 +1,8 @@
 """``stall``: a live run has gone silent.
 
 A (run, rank) that sends no step and no heartbeat for max(``factor`` x its longest step
-interval, ``min_seconds``) pages; the episode clears as soon as steps resume. A rank that
+interval, ``min_seconds``) pages (announced checkpoint/eval pauses do not count as step
+intervals: heartbeats cover them); the episode clears as soon as steps resume. A rank that
 ended cleanly (``run_end``) never stalls; a new ``run_start`` makes it live again.
 
 Silence is measured on the daemon's clock (``batch.now``: when records arrived), so clock
@@ -58,9 +59,11 @@ class Stall:
         for key, s in streams(batch).items():
             state = self._live.setdefault(key, _Stream())
             state.seen = now
-            times = np.concatenate(([state.last_step_time], s.time)) if np.isfinite(state.last_step_time) else s.time
-            if len(times) > 1:
-                state.longest = max(state.longest, float(np.max(np.diff(times))))
+            # The interval ending at each step; those ending on an announced pause do not set the pace.
+            before = state.last_step_time if np.isfinite(state.last_step_time) else s.time[0]
+            intervals = np.diff(s.time, prepend=before)[~s.paused(batch)]
+            if len(intervals):
+                state.longest = max(state.longest, float(intervals.max()))
             state.last_step_time = float(s.time[-1])
             if int(s.step[-1]) > state.last_step:
                 state.last_step = int(s.step[-1])

@@ -1,9 +1,11 @@
 """``straggler``: one rank is slower than the fastest rank of its run over the same steps.
 
-Steps are cut into aligned buckets of ``bucket`` steps, sized once per run so a bucket spans
-at least ``min_steps`` steps and ``min_seconds`` seconds; each rank's median ``step_time`` per
-bucket (checkpoint/eval steps left out) is compared with the fastest rank's:
-score = fastest / this rank's median. Below ``warn``/``page`` in two consecutive buckets
+A window spans at least ``min_steps`` steps and ``min_seconds`` seconds (sized once per run
+from its typical step time). Steps are cut into aligned half-window buckets, and each
+rank's window is its last two buckets, judged as each bucket completes (windows slide by
+half a window, as in ``slowdown``). Each rank's median ``step_time`` over its window
+(checkpoint/eval steps left out) is compared with the fastest rank's over the same steps:
+score = fastest / this rank's median. Below ``warn``/``page`` in two consecutive windows
 raises an alert naming the slow rank. A slowdown of every rank is ``slowdown``'s business.
 """
 
@@ -18,7 +20,7 @@ from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
 from ._base import Episodes, Finding
-from ._robust import segment_medians
+from ._robust import fast_median
 from ._series import Values, streams
 from ._windows import severity_of
 
@@ -29,13 +31,14 @@ class StragglerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     min_seconds: float = 60.0
     warn: float = 0.85
     page: float = 0.75
-    cooldown_buckets: int = 2
+    cooldown_buckets: int = 4
+    """Half-window buckets with no flag before an episode clears (two windows)."""
     max_pending: int = 4
     """Buckets held waiting for a missing rank before judging with the ranks present."""
 
 
 class _Run:
-    __slots__ = ("bucket", "medians", "partial", "previous", "watermark", "world")
+    __slots__ = ("bucket", "last_full", "medians", "partial", "previous", "watermark", "world")
 
     def __init__(self) -> None:
         self.bucket = 0
@@ -43,6 +46,8 @@ class _Run:
         self.watermark: dict[int, int] = {}
         self.partial: dict[int, tuple[int, np.ndarray]] = {}
         """rank → (bucket, values so far) of the bucket the rank is in."""
+        self.last_full: dict[int, tuple[int, np.ndarray]] = {}
+        """rank → (bucket, values) of its latest complete bucket: the first half of its next window."""
         self.medians: dict[int, dict[int, float]] = {}
         """bucket → rank → median, for buckets not judged yet."""
         self.previous: dict[int, int] = {}
@@ -81,7 +86,7 @@ class Straggler:
     def _bucket_size(self, v: Values) -> int:
         typical = float(np.median(v.value[np.isfinite(v.value)])) if len(v) else 0.0
         per_time = math.ceil(self.settings.min_seconds / typical) if typical > 0 else 0
-        return max(self.settings.min_steps, per_time)
+        return max(1, max(self.settings.min_steps, per_time) // 2)
 
     def _collect(self, run: _Run, rank: int, v: Values) -> None:
         """Add a rank's values; every bucket the rank has moved past gets its median."""
@@ -96,9 +101,14 @@ class Straggler:
         last = int(buckets[-1])
         complete = buckets < last
         if complete.any():
-            ids, medians = segment_medians(values[complete], buckets[complete])
-            for bucket, median in zip(ids.tolist(), medians.tolist(), strict=True):
-                run.medians.setdefault(bucket, {})[rank] = median
+            done = buckets[complete]
+            edges = np.flatnonzero(np.diff(done)) + 1
+            for start, stop in zip(np.r_[0, edges], np.r_[edges, len(done)], strict=True):
+                bucket, part = int(done[start]), values[start:stop]
+                before = run.last_full.get(rank)
+                window = np.concatenate([before[1], part]) if before is not None and before[0] == bucket - 1 else part
+                run.medians.setdefault(bucket, {})[rank] = fast_median(window)
+                run.last_full[rank] = (bucket, part)
         run.partial[rank] = (last, values[~complete])
 
     def _judge(self, run_id: str, run: _Run, batch: IngestBatch) -> list[Anomaly]:
@@ -126,7 +136,7 @@ class Straggler:
                         fastest,
                         cfg.page if severity == 2 else cfg.warn,
                         f"rank {rank} is a straggler: median {cfg.metric} {median:.4g}s against {fastest:.4g}s on "
-                        f"the fastest rank (speed {score:.2f}) over two buckets up to step {last_step}; check that "
+                        f"the fastest rank (speed {score:.2f}) over two windows up to step {last_step}; check that "
                         "rank's host (GPU clocks, thermal throttling, NIC, other jobs) or its data shard",
                     )
                     out.extend(self.episodes.flag(key, bucket, severity, when, finding, step=last_step))
