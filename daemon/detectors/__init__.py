@@ -17,6 +17,8 @@ from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
 from ._base import Detector, Episodes, Finding
+from .ckpt_mismatch import CkptMismatch
+from .gil_contention import GilContention
 from .grad_spike import GradSpike
 from .kl_explode import KlExplode
 from .loss_spike import LossSpike
@@ -33,6 +35,8 @@ __all__ = ["REGISTRY", "Detector", "DetectorsConfig", "Episodes", "Finding", "bu
 
 REGISTRY: list[type[Any]] = [
     NonFinite,
+    GilContention,
+    CkptMismatch,
     GradSpike,
     LossSpike,
     Slowdown,

@@ -26,7 +26,7 @@ class Window:
         self._n = 0
         self._pos = 0
         self.rejected = 0
-        """Finite values kept out in a row (see ``readmit`` in :func:`robust_z`)."""
+        """Values kept out by blocks that were mostly kept out (see ``readmit`` in :func:`robust_z`)."""
 
     @property
     def size(self) -> int:
@@ -105,9 +105,9 @@ def robust_z(
         exclude_z: values with ``|z|`` above this stay out of the baseline.
         min_scale: floor of the scale, so a flat series does not turn noise into infinite z.
         exclude_above: values more than this above the median stay out too (in ``x`` units).
-        readmit: after this many finite values in a row were kept out (default: half the
-            window), the level has shifted for good: they enter the baseline after all, so
-            one lasting shift is one alert episode and not an endless series.
+        readmit: once this many values were kept out in blocks where they were the majority
+            (default: half the window), the level has shifted for good: they enter the
+            baseline after all, so one lasting shift is one alert episode, not an endless series.
     """
     n = len(x)
     z = np.full(n, np.nan)
@@ -125,10 +125,11 @@ def robust_z(
             z[start:stop], median[start:stop], scale[start:stop] = chunk_z, med, sc
             keep &= (np.abs(chunk_z) <= exclude_z) & (chunk - med <= exclude_above)
         finite = np.isfinite(chunk)
-        if keep.any() or not finite.any():
+        kept_out = int(finite.sum() - keep.sum())
+        if kept_out * 2 <= finite.sum():  # mostly normal values: no lasting shift
             window.rejected = 0
         else:
-            window.rejected += int(finite.sum())
+            window.rejected += kept_out
             if window.rejected >= (readmit if readmit is not None else window.size // 2):
                 keep, window.rejected = finite, 0
         window.push(chunk[keep])

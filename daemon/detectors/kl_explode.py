@@ -33,7 +33,8 @@ class KlExplodeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     target_steps: int = 3
     double_steps: int = 10
     sustain: int = 5
-    z: float = 7.0
+    z: float = 12.0
+    """Chosen with the harness: 8 gave 4 false episodes per 100k clean RL steps, 12 none."""
     confirm: int = 2
     window: int = 256
     warmup: int = 32
