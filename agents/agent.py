@@ -15,6 +15,9 @@ import sys
 import time
 import weakref
 from collections import Counter, deque
+from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
@@ -23,6 +26,7 @@ from trainvigil.schemas import Record, RunEvent, RunStart, Source
 from trainvigil._version import __version__
 
 from .columnar import Entry
+from .gil import GilResult, GilSampler
 from .options import AgentOptions, announce_run_id, resolve
 from .worker import Worker
 
@@ -31,6 +35,7 @@ log = logging.getLogger("trainvigil.agent")
 _live: weakref.WeakSet[Agent] = weakref.WeakSet()
 _orphans: list[Worker] = []  # a forked child keeps its parent's dead worker alive, never closes it
 _now = time.time
+_current: Agent | None = None
 
 
 class Agent:
@@ -46,6 +51,9 @@ class Agent:
         self._closed = False
         self._hot_drops: Counter[str] = Counter()
         self._last_step: int | None = None
+        self._pending: set[Future[Any]] = set()
+        self.before_close: list[Callable[[], None]] = []
+        """Called first by :meth:`close` (``trainvigil.torch.watch`` flushes its last step here)."""
         self._start()
         _live.add(self)
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -64,6 +72,7 @@ class Agent:
         self._steps: deque[Entry] = deque()
         self._records: deque[Record] = deque()
         self._worker: Worker | None = None
+        self._gil: GilSampler | None = None
         if not opts.enabled:
             return
         self._records.append(RunStart(time=time.time(), argv=list(sys.argv), agent_version=__version__))
@@ -71,6 +80,11 @@ class Agent:
             opts, self.source, self._steps, self._records, self._hot_drops.copy, lambda: self._last_step
         )
         self._worker.start()
+        if opts.gil:
+            self._gil = GilSampler(opts.gil_interval, self._gil_period, name=opts.run_id).start()
+
+    def _gil_period(self, result: GilResult) -> None:
+        self._emit(result.to_record(time.time()))
 
     @property
     def run_id(self) -> str:
@@ -97,10 +111,44 @@ class Agent:
 
     def event(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
         """Record a run-level event (``kind`` names it; ``fields`` are JSON-like values)."""
+        self._emit(RunEvent(time=time.time(), kind=str(kind), step=step, fields=fields))
+
+    def _emit(self, record: Record) -> None:
+        """Queue any wire record (checkpoint digests come from other threads through here)."""
         if len(self._records) < self._max_buffer:
-            self._records.append(RunEvent(time=time.time(), kind=str(kind), step=step, fields=fields))
+            self._records.append(record)
         elif self.options.enabled:
             self._hot_drops["closed" if self._closed else "queue_full"] += 1
+
+    def checkpoint_saved(
+        self, path: str, state_dict: Any, step: int | None = None, *, algo: str = "blake3", snapshot: bool = True
+    ) -> Future[Any]:
+        """Publish the digest of a checkpoint just saved at ``path``; returns at once.
+
+        Hashing runs on a background thread; the returned future resolves to the
+        :class:`~trainvigil.agents.digest.StateDigest` once it is queued for the daemon.
+        ``snapshot=True`` clones the tensors first so training may change them right away;
+        ``snapshot=False`` saves that copy but the tensors must stay unchanged until the
+        future is done (see :mod:`trainvigil.agents.checkpoint`).
+        """
+        from .checkpoint import digest_later, saved_record
+
+        published: Future[Any] = Future()
+        self._pending.add(published)
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is None:
+                self._emit(saved_record(f.result(), path, step))
+                published.set_result(f.result())
+            else:
+                self._hot_drops["ckpt_digest_failed"] += 1
+                log.warning("trainvigil: checkpoint digest of %s not published: %s", path, exc)
+                published.set_exception(exc)
+            self._pending.discard(published)
+
+        digest_later(state_dict, algo=algo, snapshot=snapshot).add_done_callback(done)
+        return published
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -113,12 +161,25 @@ class Agent:
         """
         if self._closed:
             return self._delivered_all()
+        timeout = self.options.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        for hook in list(self.before_close):
+            try:
+                hook()
+            except Exception:
+                log.exception("trainvigil: a before-close hook failed")
+        futures.wait(list(self._pending), timeout=max(0.0, deadline - time.monotonic()))
+        if self._gil is not None:
+            self._gil.stop()  # its last, partial period still goes out
+        timeout = max(0.0, deadline - time.monotonic())
         self._closed = True
+        global _current
+        if _current is self:
+            _current = None
         self._max_buffer = 0
         worker = self._worker
         if worker is None:
             return True
-        timeout = self.options.close_timeout if timeout is None else timeout
         worker.request_close(timeout, status)
         worker.thread.join(timeout + 2.0)
         return self._delivered_all()
@@ -148,6 +209,7 @@ class Agent:
         connection. The parent's buffered events stay with the parent (no duplicates)."""
         self._hot_drops = Counter()
         self._last_step = None
+        self._pending = set()
         if self._worker is not None:
             _orphans.append(self._worker)
         if self._closed:
@@ -198,7 +260,15 @@ def init(
     opts, generated = resolve(run_id, rank, nats_url, options)
     if generated and opts.enabled:
         announce_run_id(opts.run_id)
-    return Agent(opts)
+    global _current
+    agent = Agent(opts)
+    _current = agent
+    return agent
 
 
-__all__ = ["Agent", "init"]
+def current_agent() -> Agent | None:
+    """The agent the last :func:`init` started in this process, until it is closed."""
+    return _current
+
+
+__all__ = ["Agent", "current_agent", "init"]

@@ -36,6 +36,8 @@ class AgentOptions:
         max_inflight: messages published before waiting for their acknowledgements.
         close_timeout: the deadline ``close()`` gets at interpreter exit.
         enabled: ``False`` (``VIGIL_DISABLED=1``) makes every call a no-op.
+        gil: sample GIL contention on a background thread and publish a ``GilSample`` per period.
+        gil_interval: seconds per GIL sampling period.
     """
 
     run_id: str
@@ -54,10 +56,12 @@ class AgentOptions:
     max_inflight: int = 32
     close_timeout: float = 10.0
     enabled: bool = True
+    gil: bool = False
+    gil_interval: float = 1.0
     host: str = field(default_factory=socket.gethostname)
 
     def __post_init__(self) -> None:
-        for name in ("flush_interval", "heartbeat_interval", "ack_timeout", "close_timeout"):
+        for name in ("flush_interval", "heartbeat_interval", "ack_timeout", "close_timeout", "gil_interval"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}", key=name)
         for name in ("batch_size", "max_buffer", "max_inflight"):
@@ -78,6 +82,8 @@ _ENV_NAMES = {
     "heartbeat_interval": "VIGIL_HEARTBEAT_INTERVAL",
     "ack_timeout": "VIGIL_ACK_TIMEOUT",
     "close_timeout": "VIGIL_CLOSE_TIMEOUT",
+    "gil": "VIGIL_GIL",
+    "gil_interval": "VIGIL_GIL_INTERVAL",
 }
 
 

@@ -21,7 +21,9 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 from trainvigil.schemas import (
+    CheckpointDigest,
     Envelope,
+    GilSample,
     Heartbeat,
     Record,
     RunEnd,
@@ -43,7 +45,13 @@ log = logging.getLogger("trainvigil.agent")
 _CHUNK = 256  # entries packed per slice of worker time (keeps each GIL hold well under 1 ms)
 _MAX_PAYLOAD = 768 * 1024  # below nats-server's default 1 MiB max_payload, with room for headers
 _POLL = 0.02  # seconds between checks of the buffers; cheap, and bounds flush latency
-_KIND_OF: dict[type, Kind] = {RunEvent: "run", RunEnd: "run", Heartbeat: "hb"}
+_KIND_OF: dict[type, Kind] = {
+    RunEvent: "run",
+    RunEnd: "run",
+    Heartbeat: "hb",
+    CheckpointDigest: "ckpt",
+    GilSample: "gil",
+}
 
 
 class Worker:

@@ -12,6 +12,7 @@ import nats.errors
 import structlog
 from anyio.abc import TaskStatus
 
+from .alerts import Alerts
 from .config import DaemonConfig
 from .http import serve_http
 from .ingest import Ingest
@@ -67,7 +68,8 @@ async def serve(
     """Run the daemon until SIGTERM/SIGINT (or, with ``drain``, until the stream is consumed).
 
     Start-up order: broker (embedded if needed) → store → stream → HTTP → query responder
-    → ingest. On a signal the ingest stage finishes the batch in hand, commits, acks, and
+    → alerts (webhook worker) → ingest. On a signal the ingest stage finishes the batch in
+    hand, commits, acks and publishes its alerts; queued webhook posts get ``alerts.drain_s``;
     everything else is cancelled.
     """
     metrics = DaemonMetrics()
@@ -102,7 +104,9 @@ async def serve(
                 if config.http_port:
                     await tg.start(serve_http, config.http_host, config.http_port, metrics)
                 await tg.start(serve_queries, nc, store, config, metrics)
-                ingest = Ingest(nc, js, store, config, metrics)
+                alerts = Alerts(nc, config.alerts, metrics)
+                await tg.start(alerts.serve)
+                ingest = Ingest(js, store, config, metrics, alerts)
                 tg.start_soon(_watch_signals, ingest)
                 log.info(
                     "ready",
@@ -115,6 +119,7 @@ async def serve(
                     on_ready(url)
                 task_status.started(url)
                 await ingest.run(drain=drain)
+                await alerts.drain()
                 tg.cancel_scope.cancel()
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):

@@ -43,18 +43,18 @@ def batch_of(*parts: StepColumns, now: float | None = None) -> IngestBatch:
     return IngestBatch(steps=list(parts), messages=len(parts), now=now)
 
 
+def piece(part: StepColumns, start: int, stop: int) -> StepColumns:
+    """Steps ``start:stop`` of ``part`` (views, no copies)."""
+    cut = slice(start, stop)
+    return StepColumns(
+        part.source,
+        part.step[cut],
+        part.times[cut],
+        {k: (v[cut], None if m is None else m[cut]) for k, (v, m) in part.known.items()},
+        {k: (v[cut], None if m is None else m[cut]) for k, (v, m) in part.custom.items()},
+    )
+
+
 def chunks(part: StepColumns, size: int) -> list[StepColumns]:
     """``part`` cut into pieces of ``size`` steps (how an agent's flushes arrive)."""
-    out = []
-    for start in range(0, len(part), size):
-        cut = slice(start, start + size)
-        out.append(
-            StepColumns(
-                part.source,
-                part.step[cut],
-                part.times[cut],
-                {k: (v[cut], None if m is None else m[cut]) for k, (v, m) in part.known.items()},
-                {k: (v[cut], None if m is None else m[cut]) for k, (v, m) in part.custom.items()},
-            )
-        )
-    return out
+    return [piece(part, start, start + size) for start in range(0, len(part), size)]

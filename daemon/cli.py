@@ -10,6 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from . import verify
+
 EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 RUNS_SQL = """
@@ -55,6 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _query_args(runs)
 
+    alerts = sub.add_parser(
+        "alerts",
+        help="list alert episodes, or follow updates live (--follow)",
+        description="List alert episodes from the anomalies table (one row per incident), or with --follow "
+        "print each update (open, escalated, cleared) as the daemon publishes it, until Ctrl-C.",
+    )
+    alerts.add_argument("--run", help="only this run")
+    alerts.add_argument("--follow", action="store_true", help="subscribe to vigil.v1.alerts.> and print updates")
+    _query_args(alerts)
+
+    replay = sub.add_parser(
+        "replay",
+        help="run recorded metrics through the detectors offline",
+        description="Run a recording (columns run_id, rank, step, metrics, optional time in Unix seconds; "
+        "empty cell = absent, nan = NaN) through the daemon's detectors and print one JSON line per alert "
+        "update. No broker or daemon needed.",
+    )
+    replay.add_argument("file", help="the recording")
+    replay.add_argument("--format", choices=["csv", "parquet", "jsonl"], help="default: from the file name")
+    replay.add_argument("--config", help="TOML configuration file (its [detectors.*] tables)")
+
     demo = sub.add_parser(
         "demo",
         help="embedded broker + daemon + a short real training loop, then SQL",
@@ -63,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    verify.add_parser(sub)
     return parser
 
 
@@ -120,6 +144,17 @@ def _query(args: argparse.Namespace, sql: str) -> int:
     return EXIT_OK
 
 
+def _alerts(args: argparse.Namespace) -> int:
+    from . import config as config_mod
+    from .alerts_cli import alerts_sql, follow
+
+    if not args.follow:
+        return _query(args, alerts_sql(args.run))
+    cfg = config_mod.load(None, {"nats_url": args.nats_url})
+    follow(cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}", args.run, args.format)
+    return EXIT_OK
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -129,6 +164,8 @@ def _demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "verify":  # needs torch, not the daemon extra
+        return verify.run(args)
     try:
         import anyio  # noqa: F401
         import duckdb  # noqa: F401
@@ -139,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_UNAVAILABLE
-    from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError
+    from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError, ReplayError
 
     try:
         if args.command == "up":
@@ -148,6 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _query(args, args.sql)
         if args.command == "runs":
             return _query(args, RUNS_SQL)
+        if args.command == "alerts":
+            return _alerts(args)
+        if args.command == "replay":
+            from . import config as config_mod
+            from .replay import replay_file
+
+            replay_file(args.file, args.format, config_mod.load(args.config), sys.stdout)
+            return EXIT_OK
         if args.command == "demo":
             return _demo(args)
     except QueryRefusedError as exc:
@@ -156,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QueryError as exc:
         print(f"vigil: query failed: {exc}", file=sys.stderr)
         return EXIT_QUERY
+    except ReplayError as exc:
+        print(f"vigil: cannot replay: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except ConfigError as exc:
         print(f"vigil: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

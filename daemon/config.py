@@ -29,6 +29,33 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     consumer: str = "vigil-daemon"
 
 
+class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where alerts go besides NATS, DuckDB and the log.
+
+    Attributes:
+        webhook_url: ``http(s)://`` URL that gets a JSON POST per alert update (Slack-compatible
+            body); empty: no webhook.
+        timeout_s: one POST (connect, send, status line) gives up after this long.
+        retries: further attempts after a failed one (connection error, timeout, 5xx, 408, 429).
+        backoff_s: wait before the first retry; doubled for each later one.
+        queue_size: updates waiting for the webhook; past it the oldest is dropped and counted.
+        drain_s: on shutdown, queued updates get this long to go out.
+    """
+
+    webhook_url: str = ""
+    timeout_s: float = 5.0
+    retries: int = 3
+    backoff_s: float = 1.0
+    queue_size: int = 1000
+    drain_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.webhook_url and not self.webhook_url.startswith(("http://", "https://")):
+            raise ValueError(f"alerts.webhook_url must start with http:// or https://, not {self.webhook_url!r}")
+        if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.queue_size < 1 or self.drain_s < 0:
+            raise ValueError("alerts: timeout_s and queue_size must be positive; retries, backoff_s, drain_s >= 0")
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything ``vigil up`` is configured with.
 
@@ -41,6 +68,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         query_row_limit: rows a ``vigil sql`` answer holds at most.
         query_timeout_s: a query running longer is interrupted.
         log_format: ``auto`` (JSON unless stderr is a terminal), ``json`` or ``console``.
+        alerts: the webhook sink (``[alerts]``), see :class:`AlertsConfig`.
         detectors: one table per detector (``[detectors.grad_spike]``), see ``trainvigil.daemon.detectors``.
     """
 
@@ -56,6 +84,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     stream: StreamConfig = StreamConfig()
+    alerts: AlertsConfig = AlertsConfig()
     detectors: DetectorsConfig = msgspec.field(default_factory=DetectorsConfig)  # type: ignore[valid-type]
 
     @property

@@ -15,12 +15,11 @@ import anyio
 import nats.errors
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from trainvigil.schemas import Envelope, Source, alert_subject, encode
 
 from . import detectors
+from .alerts import Alerts
 from .config import DaemonConfig
 from .decode import IngestBatch, RawMessage, decode_batch
 from .jetstream import bind_consumer
@@ -49,17 +48,15 @@ def _count(metrics: DaemonMetrics, batch: IngestBatch) -> None:
             metrics.events_ingested[kind] += len(items)
     for letter in batch.dead_letters:
         metrics.dead_letters[letter.reason] += 1
-    for anomaly in batch.anomalies:
-        metrics.anomalies[anomaly.detector] += 1
 
 
 class Ingest:
     """The ingest stage of one daemon."""
 
     def __init__(
-        self, nc: NATS, js: JetStreamContext, store: Store, config: DaemonConfig, metrics: DaemonMetrics
+        self, js: JetStreamContext, store: Store, config: DaemonConfig, metrics: DaemonMetrics, alerts: Alerts
     ) -> None:
-        self.nc, self.js, self.store, self.config, self.metrics = nc, js, store, config, metrics
+        self.js, self.store, self.config, self.metrics, self.alerts = js, store, config, metrics, alerts
         self.detectors = detectors.build(config)
         self.stopping = anyio.Event()
 
@@ -142,13 +139,4 @@ class Ingest:
                             reason=letter.reason,
                             error=letter.error,
                         )
-                await self._publish_alerts(batch)
-
-    async def _publish_alerts(self, batch: IngestBatch) -> None:
-        for anomaly in batch.anomalies:
-            log.warning("anomaly", **{f: getattr(anomaly, f) for f in anomaly.__struct_fields__})
-            envelope = Envelope(source=Source(run_id=anomaly.run_id, rank=anomaly.rank), records=[anomaly])
-            try:
-                await self.nc.publish(alert_subject(anomaly.run_id), encode(envelope))
-            except nats.errors.Error as exc:
-                log.warning("alert_publish_failed", error=repr(exc))
+                await self.alerts.publish(batch.anomalies)

@@ -42,7 +42,10 @@ class DaemonMetrics:
     messages_ingested: int = 0
     messages_skipped: int = 0
     dead_letters: Counter[str] = field(default_factory=Counter)
-    anomalies: Counter[str] = field(default_factory=Counter)
+    anomalies: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    """Alert updates by (detector, severity, state)."""
+    webhook: Counter[str] = field(default_factory=Counter)
+    """Webhook deliveries by outcome: sent, failed, retried, dropped."""
     consumer_lag: int = 0
     last_commit: float = 0.0
     last_seq: int = 0
@@ -71,10 +74,19 @@ class DaemonMetrics:
         for reason in sorted(self.dead_letters) or ["malformed"]:
             out.append(f'vigil_dead_letters_total{{reason="{reason}"}} {self.dead_letters[reason]}')
         out += [
-            "# HELP vigil_anomalies_total Anomaly episodes, by detector.",
+            "# HELP vigil_anomalies_total Alert updates (an episode opens, escalates, clears), by detector.",
             "# TYPE vigil_anomalies_total counter",
         ]
-        out += [f'vigil_anomalies_total{{detector="{d}"}} {n}' for d, n in sorted(self.anomalies.items())]
+        out += [
+            f'vigil_anomalies_total{{detector="{d}",severity="{sev}",state="{st}"}} {n}'
+            for (d, sev, st), n in sorted(self.anomalies.items())
+        ]
+        out += [
+            "# HELP vigil_alert_webhook_total Alert updates for the webhook, by outcome (sent, failed, retried,"
+            " dropped: the queue was full).",
+            "# TYPE vigil_alert_webhook_total counter",
+        ]
+        out += [f'vigil_alert_webhook_total{{outcome="{o}"}} {n}' for o, n in sorted(self.webhook.items())]
         out += [
             "# HELP vigil_consumer_lag Messages in the stream not yet committed.",
             "# TYPE vigil_consumer_lag gauge",

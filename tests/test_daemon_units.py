@@ -564,7 +564,8 @@ def test_metrics_of_a_fresh_daemon_still_expose_every_family() -> None:
 
 def test_metrics_lines_are_valid_prometheus_samples() -> None:
     metrics = DaemonMetrics(broker_connected=True)
-    metrics.anomalies["nan_loss"] += 1
+    metrics.anomalies["non_finite", "page", "open"] += 1
+    metrics.webhook["sent"] += 1
     metrics.queries["ok"] += 2
     for line in metrics.render().splitlines():
         if line.startswith("#"):

@@ -12,3 +12,13 @@ from trainvigil.agents import Agent, init
 from trainvigil.errors import VigilError
 
 __all__ = ["Agent", "VigilError", "__version__", "init"]
+
+
+def __getattr__(name: str) -> object:
+    # ``trainvigil.torch`` and ``trainvigil.checkpoint`` load on first use: torch stays unimported
+    # for scripts that never touch it.
+    if name in ("torch", "checkpoint"):
+        import importlib
+
+        return importlib.import_module(f"trainvigil.{name}")
+    raise AttributeError(f"module 'trainvigil' has no attribute {name!r}")

@@ -46,3 +46,28 @@ class QueryError(VigilError):
 
 class DaemonUnavailableError(VigilError):
     """No running daemon answered and no data directory could be opened instead."""
+
+
+class CheckpointIntegrityError(VigilError):
+    """A checkpoint's content does not match the digests in its manifest.
+
+    ``differing`` names the leaves (tensors or values) whose digests differ or that only
+    one side has.
+    """
+
+    def __init__(self, path: str, differing: list[str], detail: str = "") -> None:
+        shown = ", ".join(differing[:10]) + (f" (+{len(differing) - 10} more)" if len(differing) > 10 else "")
+        super().__init__(
+            f"checkpoint {path} does not match its manifest: {shown or detail}; "
+            "the file is corrupt or was changed after saving: restore it from another copy or an earlier checkpoint"
+        )
+        self.path = path
+        self.differing = differing
+
+
+class ManifestMissingError(VigilError, FileNotFoundError):
+    """A checkpoint has no ``<path>.vigil.json`` manifest (or it cannot be read)."""
+
+
+class ReplayError(VigilError, ValueError):
+    """A recording cannot be replayed (missing file, unknown format, bad columns); the message says why."""

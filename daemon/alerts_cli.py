@@ -1,0 +1,89 @@
+"""``vigil alerts``: list stored alert episodes, or follow updates live on NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import TextIO
+
+import nats
+import nats.errors
+from trainvigil.schemas import PREFIX, Anomaly, alert_subject, decode
+
+from trainvigil.errors import DaemonUnavailableError, WireError
+
+from .alert_format import as_json, as_result, summary
+from .formatting import render
+
+_COLUMNS = "time, run_id, rank, step, detector, severity, state, value, threshold, message"
+
+
+def alerts_sql(run_id: str | None) -> str:
+    """The query behind ``vigil alerts``: one row per episode, oldest first."""
+    where = "" if run_id is None else "WHERE run_id = '{}' ".format(run_id.replace("'", "''"))
+    return f"SELECT {_COLUMNS} FROM anomalies {where}ORDER BY time, run_id, rank, detector"
+
+
+def format_update(anomaly: Anomaly, fmt: str) -> str:
+    """One followed update as a line: ``table`` a sentence, ``csv`` a row, ``json`` an object."""
+    if fmt == "json":
+        return json.dumps(as_json(anomaly)) + "\n"
+    if fmt == "csv":
+        return render(as_result([anomaly]), "csv").split("\n", 1)[1]
+    return summary(anomaly) + "\n"
+
+
+async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO) -> None:
+    async def disconnected() -> None:
+        print("vigil: lost the broker; reconnecting", file=sys.stderr, flush=True)
+
+    async def quiet(exc: Exception) -> None:
+        """Reconnect attempts print nothing more than the line above."""
+
+    try:
+        # Reconnect forever once connected (a broker restart must not end --follow), but give up
+        # on the first connection after a few seconds: then nothing is there.
+        nc = await asyncio.wait_for(
+            nats.connect(
+                url,
+                connect_timeout=1,
+                reconnect_time_wait=0.5,
+                max_reconnect_attempts=-1,
+                disconnected_cb=disconnected,
+                error_cb=quiet,
+            ),
+            timeout=3,
+        )
+    except (TimeoutError, OSError, nats.errors.Error):
+        raise DaemonUnavailableError(f"no broker answered at {url}; start `vigil up` or pass --nats URL") from None
+    subject = alert_subject(run_id) if run_id is not None else f"{PREFIX}.alerts.>"
+    try:
+        sub = await nc.subscribe(subject)
+        await nc.flush()
+        print(f"vigil: following {subject} on {url}; Ctrl-C to stop", file=sys.stderr, flush=True)
+        if fmt == "csv":
+            out.write(render(as_result([]), "csv"))
+            out.flush()
+        async for msg in sub.messages:
+            try:
+                records = decode(msg.data).records
+            except WireError as exc:
+                print(f"vigil: skipped an unreadable message on {msg.subject}: {exc}", file=sys.stderr, flush=True)
+                continue
+            for record in records:
+                # Subject tokens are sanitised run ids: compare the real one.
+                if isinstance(record, Anomaly) and (run_id is None or record.run_id == run_id):
+                    out.write(format_update(record, fmt))
+                    out.flush()
+    finally:
+        await nc.close()
+
+
+def follow(url: str, run_id: str | None, fmt: str, out: TextIO = sys.stdout) -> None:
+    """Print every alert update published on the broker at ``url`` until Ctrl-C.
+
+    Raises:
+        DaemonUnavailableError: no broker answers at ``url``.
+    """
+    asyncio.run(_follow(url, run_id, fmt, out))

@@ -1,0 +1,262 @@
+"""``vigil replay``: recorded metrics through the live detectors, offline (no broker, no daemon).
+
+A recording has columns ``run_id``, ``rank``, ``step``, any metric names and optionally
+``time`` (Unix seconds; without it, one second per step), rows in any order. An empty cell
+(null) is an absent value; ``nan``/``inf`` are values (``non_finite`` judges them). Rows are
+sorted per (run_id, rank, step) and fed to :func:`detectors.build` as live ingest feeds
+them: a run at a time, in time order, batches of up to ``batch_steps`` steps per rank with
+every rank side by side (cross-rank detectors compare them), ``batch.now`` the batch's latest
+time. A pause of the whole run longer than ``GAP_S`` is replayed as silence: no batch spans
+it and empty batches tick through it (as the daemon's fetch loop does), so ``stall`` sees it.
+A rank that goes quiet while others keep logging is judged at batch boundaries, so up to
+``batch_steps`` steps later than live.
+After its last row a run ends cleanly (a ``run_end`` per rank), as when its agents closed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+from trainvigil.schemas import Anomaly, RunEnd, Source
+
+from trainvigil.errors import ReplayError
+
+from . import detectors
+from .alert_format import REPLAY_FIELDS, as_result
+from .arrays import batch_of, piece, step_columns_of
+from .config import DaemonConfig
+from .decode import IngestBatch, StepColumns
+from .formatting import render
+
+FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
+REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
+_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf}
+_NON_FINITE["-infinity"] = -math.inf
+GAP_S = 30.0
+"""Steps further apart than this (across all ranks of a run) were silence on the wire: no
+batch spans the gap, and empty batches tick through it."""
+TICK_S = 10.0
+"""Through a silence, an empty batch every this many seconds (at most MAX_TICKS per silence)."""
+MAX_TICKS = 1000
+
+
+def format_of(path: str | Path, fmt: str | None = None) -> str:
+    """``fmt``, or the format the file name's suffix implies."""
+    if fmt:
+        return fmt
+    found = _SUFFIXES.get(Path(path).suffix.lower())
+    if found is None:
+        raise ReplayError(f"cannot tell the format of {path} from its name; pass --format {'|'.join(FORMATS)}")
+    return found
+
+
+def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
+    """Read a recording as an Arrow table (columns as stored; :func:`replay_table` checks them).
+
+    Raises:
+        ReplayError: the file is missing or not readable as ``fmt``.
+    """
+    fmt = format_of(path, fmt)
+    if not Path(path).is_file():
+        raise ReplayError(f"{path} does not exist or is not a file")
+    try:
+        if fmt == "csv":
+            # Only an empty cell is null: "nan", "NaN", "inf" stay values.
+            options = pa_csv.ConvertOptions(
+                null_values=[""], strings_can_be_null=True, column_types={"run_id": pa.string()}
+            )
+            return pa_csv.read_csv(path, convert_options=options)
+        if fmt == "parquet":
+            return pq.read_table(path)
+        if fmt == "jsonl":
+            return _read_jsonl(Path(path))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise ReplayError(f"{path} is not a readable {fmt} file: {exc}") from None
+    raise ReplayError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+def _json_cell(value: object) -> object:
+    """JSON has no NaN: accept Python's ``NaN``/``Infinity`` literals and the strings "nan", "inf"."""
+    if isinstance(value, str) and value.lower() in _NON_FINITE:
+        return _NON_FINITE[value.lower()]
+    return value
+
+
+def _read_jsonl(path: Path) -> pa.Table:
+    rows: list[dict[str, object]] = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ReplayError(f"{path} line {n} is not JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise ReplayError(f"{path} line {n} is not a JSON object")
+            rows.append(row)
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    columns = {}
+    for name in names:
+        cells = [row.get(name) for row in rows] if name == "run_id" else [_json_cell(row.get(name)) for row in rows]
+        try:
+            columns[name] = pa.array(cells)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise ReplayError(f"{path}: column {name!r} mixes kinds of values ({exc}); use numbers or null") from None
+    return pa.table(columns)
+
+
+def _column(table: pa.Table, name: str, kind: pa.DataType, *, nullable: bool) -> pa.ChunkedArray:
+    column = table[name]
+    if not nullable and column.null_count:
+        raise ReplayError(f"column {name!r} has {column.null_count} empty cells; every row needs run_id, rank, step")
+    try:
+        return pc.cast(column, kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        what = "text" if kind == pa.string() else "whole numbers" if kind == pa.int64() else "numbers"
+        raise ReplayError(f"column {name!r} ({column.type}) must hold {what}: {exc}; fix or drop the column") from None
+
+
+def _normalised(table: pa.Table) -> pa.Table:
+    """The recording with checked types (run_id text, rank/step int64, the rest float64), sorted."""
+    missing = [name for name in REQUIRED if name not in table.column_names]
+    if missing:
+        raise ReplayError(
+            f"missing column(s) {', '.join(missing)}; a recording needs run_id, rank, step and metric columns "
+            f"(found: {', '.join(table.column_names) or 'none'})"
+        )
+    metrics = [name for name in table.column_names if name not in (*REQUIRED, "time")]
+    if not metrics:
+        raise ReplayError("no metric columns besides run_id, rank, step and time: nothing to replay")
+    columns = {
+        "run_id": _column(table, "run_id", pa.string(), nullable=False),
+        "rank": _column(table, "rank", pa.int64(), nullable=False),
+        "step": _column(table, "step", pa.int64(), nullable=False),
+    }
+    if "time" in table.column_names:
+        columns["time"] = _column(table, "time", pa.float64(), nullable=False)
+    columns.update({name: _column(table, name, pa.float64(), nullable=True) for name in metrics})
+    # Arrow's sort is stable: rows of one step keep their file order (a later row wins, as live).
+    return pa.table(columns).sort_by([("run_id", "ascending"), ("rank", "ascending"), ("step", "ascending")])
+
+
+def _runs(table: pa.Table) -> Iterator[list[StepColumns]]:
+    """Per run (in run_id order), one :class:`StepColumns` per rank."""
+    run_ids = table["run_id"].to_numpy(zero_copy_only=False)
+    ranks = table["rank"].to_numpy()
+    steps = table["step"].to_numpy()
+    times = table["time"].to_numpy() if "time" in table.column_names else None
+    metrics = {}
+    for name in table.column_names:
+        if name in (*REQUIRED, "time"):
+            continue
+        column = table[name]
+        values = pc.fill_null(column, 0.0).to_numpy()
+        metrics[name] = (values, None if not column.null_count else column.is_valid().to_numpy(zero_copy_only=False))
+    n = len(steps)
+    starts = [0, *(np.flatnonzero((run_ids[1:] != run_ids[:-1]) | (ranks[1:] != ranks[:-1])) + 1).tolist(), n]
+    run: list[StepColumns] = []
+    for lo, hi in itertools.pairwise(starts):
+        if run and run[0].source.run_id != run_ids[lo]:
+            yield run
+            run = []
+        cut = slice(lo, hi)
+        run.append(
+            step_columns_of(
+                str(run_ids[lo]),
+                int(ranks[lo]),
+                steps[cut],
+                {name: (v[cut], None if p is None else p[cut]) for name, (v, p) in metrics.items()},
+                None if times is None else times[cut],
+            )
+        )
+    if run:
+        yield run
+
+
+def _windows(ranks: list[StepColumns], batch_steps: int) -> Iterator[list[StepColumns]]:
+    """A run's steps in time order, cut at ``batch_steps`` steps per rank and before every silence.
+
+    Each window holds a contiguous part of every rank that logged in it, so each rank's steps
+    still arrive in step order (its sort key is its running maximum time).
+    """
+    key = np.concatenate([np.maximum.accumulate(p.times) for p in ranks])
+    owner = np.concatenate([np.full(len(p), i) for i, p in enumerate(ranks)])
+    order = np.argsort(key, kind="stable")
+    key, owner = key[order], owner[order]
+    limit = batch_steps * len(ranks)
+    silences = (np.flatnonzero(np.diff(key) > GAP_S) + 1).tolist()
+    taken = [0] * len(ranks)
+    for lo, hi in itertools.pairwise([0, *silences, len(key)]):
+        for start in range(lo, hi, limit):
+            parts = []
+            for i, n in enumerate(np.bincount(owner[start : min(start + limit, hi)], minlength=len(ranks)).tolist()):
+                if n:
+                    parts.append(piece(ranks[i], taken[i], taken[i] + n))
+                    taken[i] += n
+            yield parts
+
+
+def _ticks(after: float, before: float) -> Iterator[IngestBatch]:
+    """Empty batches through a silence, as the daemon's fetch loop runs when nothing arrives."""
+    every = max(TICK_S, (before - after) / MAX_TICKS)
+    for now in np.arange(after + every, before, every).tolist():
+        yield IngestBatch(now=now)
+
+
+def batches(table: pa.Table, *, batch_steps: int = 256) -> Iterator[IngestBatch]:
+    """The recording as the batches live ingest would hand the detectors (see the module docstring).
+
+    Raises:
+        ReplayError: required columns missing or empty, or a column that is not numeric.
+    """
+    for ranks in _runs(_normalised(table)):
+        now = -math.inf
+        for parts in _windows(ranks, batch_steps):
+            if now > -math.inf:
+                yield from _ticks(now, min(float(p.times[0]) for p in parts))
+            now = max(now, *(float(p.times.max()) for p in parts))
+            yield batch_of(*parts, now=now)
+        yield IngestBatch(
+            run_ends=[
+                (Source(run_id=p.source.run_id, rank=p.source.rank), RunEnd(time=now, last_step=int(p.step[-1])))
+                for p in ranks
+            ],
+            now=now,
+        )
+
+
+def replay_table(table: pa.Table, config: DaemonConfig | None = None, *, batch_steps: int = 256) -> list[Anomaly]:
+    """Every alert update the configured detectors raise on a recording, in the order raised.
+
+    Args:
+        table: columns run_id, rank, step, optional time (Unix seconds), metrics; null = absent.
+        config: detector settings (``config.detectors``); defaults when ``None``.
+        batch_steps: steps per rank in one batch (an agent flush holds about this many).
+
+    Raises:
+        ReplayError: required columns missing or empty, or a column that is not numeric.
+    """
+    active = detectors.build(config or DaemonConfig())
+    found: list[Anomaly] = []
+    for batch in batches(table, batch_steps=batch_steps):
+        found.extend(detectors.run_all(active, batch))
+    return found
+
+
+def replay_file(path: str | Path, fmt: str | None, config: DaemonConfig, out: TextIO) -> int:
+    """``vigil replay``: one JSON line per alert update on ``out``; returns how many."""
+    found = replay_table(read_recording(path, fmt), config)
+    out.write(render(as_result(found, REPLAY_FIELDS), "json"))
+    return len(found)

@@ -1,0 +1,64 @@
+"""``vigil verify PATH``: check a checkpoint against the manifest written beside it.
+
+Exit codes: 0 the content matches; 1 it does not (the differing tensors are listed) or the
+file cannot be read; 2 there is no manifest; 3 torch is not installed. Needs only the
+agent install and torch (no daemon extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_MATCH, EXIT_MISMATCH, EXIT_NO_MANIFEST, EXIT_NO_TORCH = 0, 1, 2, 3
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    verify = sub.add_parser(
+        "verify",
+        help="check a checkpoint against its manifest (<path>.vigil.json)",
+        description="Load a checkpoint saved with trainvigil.checkpoint.save() and compare every tensor's "
+        "digest with its manifest. Exit 0 on a match, 1 on a mismatch (differing tensors listed), "
+        "2 when there is no manifest.",
+    )
+    verify.add_argument("path", help="the checkpoint file")
+    verify.add_argument(
+        "--full-unpickle",
+        action="store_true",
+        help="load with weights_only=False (only for files you trust: unpickling runs code)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("vigil verify: needs torch; install it with: pip install 'trainvigil[torch]'", file=sys.stderr)
+        return EXIT_NO_TORCH
+    from trainvigil.agents.checkpoint import verify_file
+
+    from trainvigil.errors import ManifestMissingError
+
+    try:
+        result, _ = verify_file(args.path, weights_only=not args.full_unpickle)
+    except ManifestMissingError as exc:
+        print(f"vigil verify: {exc}", file=sys.stderr)
+        return EXIT_NO_MANIFEST
+    except Exception as exc:  # torch.load failed: a truncated or garbled file is a mismatch too
+        print(
+            f"vigil verify: {args.path} cannot be read ({type(exc).__name__}: {exc}); the file is corrupt, "
+            "or holds objects beyond tensors (retry with --full-unpickle if you trust it)",
+            file=sys.stderr,
+        )
+        return EXIT_MISMATCH
+    if result.ok:
+        print(f"{args.path}: OK ({len(result.actual.entries)} entries, {result.actual.algo} {result.actual.root})")
+        return EXIT_MATCH
+    differing = result.differing
+    print(f"{args.path}: MISMATCH in {len(differing)} of {len(result.expected.entries)} entries")
+    for name in differing:
+        want = result.expected.entries.get(name, "(absent)")
+        got = result.actual.entries.get(name, "(absent)")
+        print(f"  {name}: expected {want[:16]} got {got[:16]}")
+    print("restore the file from another copy or an earlier checkpoint", file=sys.stderr)
+    return EXIT_MISMATCH

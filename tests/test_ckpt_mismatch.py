@@ -1,0 +1,69 @@
+"""The ``ckpt_mismatch`` detector on plain batches (no broker): majority, waiting, save vs load, memory."""
+
+from __future__ import annotations
+
+from trainvigil.daemon.decode import IngestBatch
+from trainvigil.daemon.detectors.ckpt_mismatch import CkptMismatch, CkptMismatchSettings
+from trainvigil.schemas import CheckpointDigest, Source
+
+
+def _parity(run: str, rank: int, step: int, root: str, world: int = 3) -> tuple[Source, CheckpointDigest]:
+    tensors = {"a.weight": "same", "b.weight": root}
+    return Source(run_id=run, rank=rank, world_size=world), CheckpointDigest(
+        time=float(step), step=step, algo="blake3", root=root, tensors=tensors, origin="parity"
+    )
+
+
+def _batch(*records: tuple[Source, CheckpointDigest]) -> IngestBatch:
+    return IngestBatch(checkpoints=list(records), now=100.0)
+
+
+def test_majority_names_the_odd_rank_even_when_it_is_rank_0() -> None:
+    det = CkptMismatch(CkptMismatchSettings())
+    assert det(_batch(*(_parity("r", k, 0, "x") for k in range(3)))) == []
+    out = det(_batch(_parity("r", 0, 5, "odd"), _parity("r", 1, 5, "y"), _parity("r", 2, 5, "y")))
+    assert [(a.rank, a.step, a.state, a.severity) for a in out] == [(0, 5, "open", "page")]
+    assert "2 of 3 ranks agree" in out[0].message and "b.weight" in out[0].message
+    assert "a.weight" not in out[0].message
+    again = det(_batch(_parity("r", 0, 10, "odd2"), _parity("r", 1, 10, "z"), _parity("r", 2, 10, "z")))
+    assert again == [], "the same incident stays one episode"
+
+
+def test_waits_for_every_rank_then_judges_after_later_rounds_without_the_missing_one() -> None:
+    det = CkptMismatch(CkptMismatchSettings(wait_rounds=2))
+    assert det(_batch(_parity("r", 0, 5, "y"), _parity("r", 1, 5, "odd"))) == [], "rank 2 not in yet"
+    assert det(_batch(_parity("r", 0, 10, "a"), _parity("r", 1, 10, "a"))) == []
+    out = det(_batch(_parity("r", 0, 15, "b"), _parity("r", 1, 15, "b")))
+    assert [(a.rank, a.step) for a in out] == [(1, 5)], "two later rounds: step 5 judged with ranks 0 and 1"
+    assert "no majority" in out[0].message and "rank 0 is the reference" in out[0].message
+    assert det(_batch(_parity("r", 2, 5, "late"))) == [], "a report for a judged step is ignored"
+
+
+def test_pending_steps_are_bounded() -> None:
+    det = CkptMismatch(CkptMismatchSettings(max_pending_steps=4, wait_rounds=10**6))
+    for step in range(100):
+        det(_batch(_parity("r", 0, step, "x")))
+    assert len(det._parity["r"]) <= 4
+
+
+def _ckpt(origin: str, root: str, ok: bool = True, rank: int = 0, t: float = 1.0) -> tuple[Source, CheckpointDigest]:
+    return Source(run_id="r", rank=rank), CheckpointDigest(
+        time=t, step=7, algo="blake3", root=root, tensors={"w": root}, path="/c/model.pt", origin=origin, ok=ok
+    )
+
+
+def test_load_that_differs_from_the_save_of_the_same_path_pages_and_a_clean_load_clears() -> None:
+    det = CkptMismatch(CkptMismatchSettings())
+    assert det(_batch(_ckpt("save", "good"))) == []
+    assert det(_batch(_ckpt("load", "good", t=2.0))) == []
+    out = det(_batch(_ckpt("load", "bad", rank=1, t=3.0)))
+    assert [(a.rank, a.severity, a.state) for a in out] == [(1, "page", "open")]
+    assert "/c/model.pt" in out[0].message and "save-time digest" in out[0].message and "w" in out[0].message
+    cleared = det(_batch(_ckpt("load", "good", rank=1, t=4.0)))
+    assert [a.state for a in cleared] == ["cleared"]
+
+
+def test_load_the_agent_found_corrupt_pages_without_a_known_save() -> None:
+    det = CkptMismatch(CkptMismatchSettings())
+    out = det(_batch(_ckpt("load", "whatever", ok=False)))
+    assert [(a.severity, a.step) for a in out] == [("page", 7)] and "its manifest" in out[0].message
