@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._series import StreamKey
+from ._series import StreamKey, Values, streams
 
 NONE, WARN, PAGE = 0, 1, 2
 SEVERITY_NAMES = {WARN: "warn", PAGE: "page"}
@@ -93,8 +93,7 @@ class Episodes:
         out: list[Anomaly] = []
         if not len(at):
             return out
-        for i in np.flatnonzero(severity):
-            i = int(i)
+        for i in np.flatnonzero(severity).tolist():
             self._maybe_clear(key, int(at[i]) - 1, float(time[i]), out)
             self._flag(key, int(at[i]), int(severity[i]), float(time[i]), describe, i, steps, out)
         self._maybe_clear(key, int(at[-1]), float(time[-1]), out)
@@ -174,3 +173,54 @@ class Episodes:
             episode=episode.id,
             last_step=episode.last_step,
         )
+
+
+class _Watermarked(Protocol):
+    watermark: int
+
+
+StateT = TypeVar("StateT")
+MarkedT = TypeVar("MarkedT", bound=_Watermarked)
+
+
+class StreamDetector(Generic[StateT]):
+    """A detector with one state per (run, rank) stream and one episode machine.
+
+    Subclasses set ``name`` and ``Settings`` (which has a ``cooldown``) and build a fresh
+    stream state in :meth:`new_state`.
+    """
+
+    name: ClassVar[str]
+    Settings: ClassVar[type[msgspec.Struct]]
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.episodes = Episodes(self.name, settings.cooldown)
+        self._streams: dict[StreamKey, StateT] = {}
+
+    def new_state(self) -> StateT:
+        raise NotImplementedError
+
+    def state(self, key: StreamKey) -> StateT:
+        state = self._streams.get(key)
+        if state is None:
+            state = self._streams[key] = self.new_state()
+        return state
+
+
+class MetricDetector(StreamDetector[MarkedT]):
+    """Judges one metric (``settings.metric``) per stream, each step once, in step order."""
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        for key, steps in streams(batch).items():
+            state = self.state(key)
+            v = steps.metric(self.settings.metric).after(state.watermark)
+            if len(v):
+                state.watermark = int(v.step[-1])
+                out.extend(self.judge(key, state, v))
+        return out
+
+    def judge(self, key: StreamKey, state: MarkedT, v: Values) -> list[Anomaly]:
+        """The alert updates for the fresh values ``v`` of one stream."""
+        raise NotImplementedError

@@ -147,4 +147,4 @@ def streams(batch: IngestBatch) -> dict[StreamKey, StreamSteps]:
                 grouped.setdefault((part.source.run_id, part.source.rank), []).append(part)
         cached = {key: _merge(parts) for key, parts in grouped.items()}
         batch.cache["streams"] = cached
-    return cached  # type: ignore[no-any-return]
+    return cached  # type: ignore[return-value]

@@ -15,10 +15,9 @@ import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import PAGE, WARN, Episodes, Finding
+from ._base import PAGE, WARN, Finding, MetricDetector
 from ._robust import Window, robust_z, safe_log
-from ._series import StreamKey, Values, streams
+from ._series import StreamKey, Values
 
 
 class GradSpikeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -39,33 +38,19 @@ class GradSpikeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 class _Stream:
     __slots__ = ("watermark", "window")
 
-    def __init__(self, size: int) -> None:
-        self.window = Window(size)
+    def __init__(self, cfg: GradSpikeSettings) -> None:
+        self.window = Window(cfg.window)
         self.watermark = -(2**63)
 
 
-class GradSpike:
+class GradSpike(MetricDetector[_Stream]):
     name: ClassVar[str] = "grad_spike"
     Settings: ClassVar[type[msgspec.Struct]] = GradSpikeSettings
 
-    def __init__(self, settings: GradSpikeSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown)
-        self._streams: dict[StreamKey, _Stream] = {}
+    def new_state(self) -> _Stream:
+        return _Stream(self.settings)
 
-    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        out: list[Anomaly] = []
-        for key, steps in streams(batch).items():
-            state = self._streams.get(key)
-            if state is None:
-                state = self._streams[key] = _Stream(self.settings.window)
-            v = steps.metric(self.settings.metric).after(state.watermark)
-            if len(v):
-                state.watermark = int(v.step[-1])
-                out.extend(self._judge(key, state, v))
-        return out
-
-    def _judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
+    def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
         cfg = self.settings
         scored = robust_z(
             state.window, safe_log(v.value), warmup=cfg.warmup, exclude_z=cfg.warn_z, min_scale=cfg.min_scale

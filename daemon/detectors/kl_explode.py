@@ -19,10 +19,9 @@ import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import PAGE, WARN, Episodes, Finding
+from ._base import PAGE, WARN, Finding, MetricDetector
 from ._robust import Window, consecutive, robust_z, safe_log
-from ._series import StreamKey, Values, streams
+from ._series import StreamKey, Values
 
 
 class KlExplodeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -66,28 +65,14 @@ def _rolling_mean(x: np.ndarray, k: int) -> np.ndarray:
         return (total[k:] - total[:-k]) / (count[k:] - count[:-k])
 
 
-class KlExplode:
+class KlExplode(MetricDetector[_Stream]):
     name: ClassVar[str] = "kl_explode"
     Settings: ClassVar[type[msgspec.Struct]] = KlExplodeSettings
 
-    def __init__(self, settings: KlExplodeSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown)
-        self._streams: dict[StreamKey, _Stream] = {}
+    def new_state(self) -> _Stream:
+        return _Stream(self.settings)
 
-    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        out: list[Anomaly] = []
-        for key, steps in streams(batch).items():
-            state = self._streams.get(key)
-            if state is None:
-                state = self._streams[key] = _Stream(self.settings)
-            v = steps.metric(self.settings.metric).after(state.watermark)
-            if len(v):
-                state.watermark = int(v.step[-1])
-                out.extend(self._judge(key, state, v))
-        return out
-
-    def _judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
+    def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
         cfg = self.settings
         n = len(v)
         logged = safe_log(v.value)

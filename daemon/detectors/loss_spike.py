@@ -16,10 +16,9 @@ import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import PAGE, WARN, Episodes, Finding
+from ._base import PAGE, WARN, Finding, MetricDetector
 from ._robust import Window, consecutive, robust_z, safe_log
-from ._series import StreamKey, Values, streams
+from ._series import StreamKey, Values
 
 
 class LossSpikeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -41,34 +40,20 @@ class LossSpikeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 class _Stream:
     __slots__ = ("early", "elevated", "seen", "watermark", "window")
 
-    def __init__(self, size: int) -> None:
-        self.window = Window(size)
+    def __init__(self, cfg: LossSpikeSettings) -> None:
+        self.window = Window(cfg.window)
         self.watermark = -(2**63)
         self.seen = 0
         self.early = -np.inf
         self.elevated = 0
 
 
-class LossSpike:
+class LossSpike(MetricDetector[_Stream]):
     name: ClassVar[str] = "loss_spike"
     Settings: ClassVar[type[msgspec.Struct]] = LossSpikeSettings
 
-    def __init__(self, settings: LossSpikeSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown)
-        self._streams: dict[StreamKey, _Stream] = {}
-
-    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        out: list[Anomaly] = []
-        for key, steps in streams(batch).items():
-            state = self._streams.get(key)
-            if state is None:
-                state = self._streams[key] = _Stream(self.settings.window)
-            v = steps.metric(self.settings.metric).after(state.watermark)
-            if len(v):
-                state.watermark = int(v.step[-1])
-                out.extend(self._judge(key, state, v))
-        return out
+    def new_state(self) -> _Stream:
+        return _Stream(self.settings)
 
     def _early_max(self, state: _Stream, v: Values) -> np.ndarray:
         """Per value: the largest finite loss among the stream's first ``early_steps`` (so far)."""
@@ -81,7 +66,7 @@ class LossSpike:
         state.early = float(running[-1])
         return running
 
-    def _judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
+    def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
         cfg = self.settings
         logged = safe_log(v.value)
         scored = robust_z(

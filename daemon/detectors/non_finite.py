@@ -15,7 +15,7 @@ import numpy as np
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import NONE, PAGE, Episodes, Finding
+from ._base import NONE, PAGE, Finding, StreamDetector
 from ._robust import consecutive
 from ._series import StreamKey, StreamSteps, streams
 
@@ -42,14 +42,12 @@ class _Stream:
         self.skips = 0
 
 
-class NonFinite:
+class NonFinite(StreamDetector[_Stream]):
     name: ClassVar[str] = "non_finite"
     Settings: ClassVar[type[msgspec.Struct]] = NonFiniteSettings
 
-    def __init__(self, settings: NonFiniteSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown)
-        self._streams: dict[StreamKey, _Stream] = {}
+    def new_state(self) -> _Stream:
+        return _Stream()
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         out: list[Anomaly] = []
@@ -58,7 +56,7 @@ class NonFinite:
         return out
 
     def _judge(self, key: StreamKey, s: StreamSteps) -> list[Anomaly]:
-        state = self._streams.setdefault(key, _Stream())
+        state = self.state(key)
         fresh = np.zeros(len(s.step), dtype=bool)
         bad = np.zeros(len(s.step), dtype=bool)
         culprit = np.full(len(s.step), -1)

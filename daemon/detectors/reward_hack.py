@@ -24,7 +24,7 @@ import numpy as np
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import PAGE, Episodes, Finding
+from ._base import PAGE, Finding, StreamDetector
 from ._series import StreamKey, StreamSteps, streams
 
 _NAMES = ("reward", "entropy", "kl", "response_len")
@@ -112,24 +112,19 @@ class _Windows:
         return self.full[name][end + 1 - self.recent : end + 1]
 
 
-class RewardHack:
+class RewardHack(StreamDetector[_Stream]):
     name: ClassVar[str] = "reward_hack"
     Settings: ClassVar[type[msgspec.Struct]] = RewardHackSettings
 
-    def __init__(self, settings: RewardHackSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown)
-        self._streams: dict[StreamKey, _Stream] = {}
+    def new_state(self) -> _Stream:
+        return _Stream(self.settings)
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         out: list[Anomaly] = []
         for key, steps in streams(batch).items():
             if "reward" not in steps.columns:
                 continue
-            state = self._streams.get(key)
-            if state is None:
-                state = self._streams[key] = _Stream(self.settings)
-            out.extend(self._feed(key, state, steps))
+            out.extend(self._feed(key, self.state(key), steps))
         return out
 
     def _feed(self, key: StreamKey, state: _Stream, s: StreamSteps) -> list[Anomaly]:
@@ -140,8 +135,10 @@ class RewardHack:
         state.watermark = int(s.step[rows[-1]])
         new = {}
         for name in _NAMES:
-            values, present = s.columns.get(name, (None, None))
-            new[name] = np.full(len(rows), np.nan) if values is None else np.where(present[rows], values[rows], np.nan)
+            column = s.columns.get(name)
+            new[name] = (
+                np.full(len(rows), np.nan) if column is None else np.where(column[1][rows], column[0][rows], np.nan)
+            )
         skip = 0
         if state.early is None:
             skip = min(len(rows), cfg.early - state.seen)
