@@ -28,6 +28,10 @@ QUESTIONS = [
         "where step < 50 or step >= (select max(step) from steps) - 49 group by 1 order by 1",
     ),
     ("Run events", "select kind, step, fields from events order by time"),
+    (
+        "Alerts (one corrupt batch was fed on purpose)",
+        "select detector, severity, state, step, round(value, 3) as value, message from anomalies order by time",
+    ),
 ]
 
 
@@ -50,7 +54,15 @@ async def _demo(steps: int, data_dir: str) -> None:
         env = {**os.environ, "VIGIL_NATS_URL": url, "VIGIL_RUN_ID": "demo"}
         started = time.perf_counter()
         await anyio.run_process(
-            [sys.executable, "-m", "trainvigil.daemon.demo_train", "--steps", str(steps)],
+            [
+                sys.executable,
+                "-m",
+                "trainvigil.daemon.demo_train",
+                "--steps",
+                str(steps),
+                "--spike-at",
+                str(steps * 2 // 3),
+            ],
             env=env,
             stdout=None,
             stderr=None,

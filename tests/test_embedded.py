@@ -81,3 +81,17 @@ def test_embedded_broker_is_started_restarted_and_stopped(tmp_path: Path) -> Non
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[1] == "200"
+
+
+def test_vigil_demo_trains_stores_and_alerts_on_the_corrupt_batch() -> None:
+    """`vigil demo`: embedded broker + daemon + real training; every step lands and the fed spike alerts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", "demo", "--steps", "150"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "all 150 steps are in DuckDB" in done.stdout
+    alerts = done.stdout.split("-- Alerts")[1]
+    assert "grad_spike" in alerts and "| 100 " in alerts, alerts

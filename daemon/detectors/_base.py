@@ -150,9 +150,9 @@ class Episodes:
             return
         del self._open[key]
         since = f"step {episode.last_step}" if episode.last_step is not None else "the last flag"
-        message = f"cleared: no {self.detector} flag for {self.cooldown} positions since {since}"
-        # The cleared update keeps the numbers of the worst flag, so the episode's row still shows them.
+        # The cleared update keeps the worst flag's numbers and message, so the episode's row still shows them.
         last = episode.finding
+        message = f"[cleared: no flag for {self.cooldown} positions since {since}] {last.message}"
         out.append(
             self._anomaly(key, episode, "cleared", time, Finding(last.value, last.baseline, last.threshold, message))
         )
