@@ -344,3 +344,13 @@ def test_pause_events_exclude_steps_from_step_time_detectors() -> None:
 
     out = run_detector("slowdown", {0: {"step_time": st}}, time={0: np.cumsum(st)}, extra=add_events)
     assert out == []
+
+
+def test_a_cleanly_ended_stream_leaves_no_state_behind() -> None:
+    ds = detectors.build(load(None, env={}))
+    part = step_columns_of("run", 0, np.arange(300), {"loss": noisy(80, n=300), "grad_norm": noisy(81, n=300)})
+    detectors.run_all(ds, batch_of(part))
+    stateful = [d for d in ds if isinstance(d, detectors.StreamDetector)]
+    assert stateful and all(("run", 0) in d._streams for d in stateful if d.name in ("grad_spike", "loss_spike"))
+    detectors.run_all(ds, IngestBatch(run_ends=[(Source(run_id="run", rank=0), RunEnd(time=300.0))]))
+    assert all(("run", 0) not in d._streams for d in stateful)

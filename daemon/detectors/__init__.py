@@ -16,7 +16,7 @@ import msgspec
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import Detector, Episodes, Finding
+from ._base import Detector, Episodes, Finding, StreamDetector
 from .ckpt_mismatch import CkptMismatch
 from .gil_contention import GilContention
 from .grad_spike import GradSpike
@@ -31,7 +31,7 @@ from .straggler import Straggler
 if TYPE_CHECKING:
     from ..config import DaemonConfig
 
-__all__ = ["REGISTRY", "Detector", "DetectorsConfig", "Episodes", "Finding", "build", "run_all"]
+__all__ = ["REGISTRY", "Detector", "DetectorsConfig", "Episodes", "Finding", "StreamDetector", "build", "run_all"]
 
 REGISTRY: list[type[Any]] = [
     NonFinite,
@@ -63,8 +63,16 @@ def build(config: DaemonConfig) -> list[Detector]:
 
 
 def run_all(detectors: list[Detector], batch: IngestBatch) -> list[Anomaly]:
-    """Every detector's anomalies for ``batch``, in registry order."""
+    """Every detector's anomalies for ``batch``, in registry order.
+
+    A stream that ended cleanly (``run_end``) has its per-stream state dropped afterwards, so
+    a long-lived daemon's memory follows the live runs, not every run it has ever seen.
+    """
     found: list[Anomaly] = []
     for detector in detectors:
         found.extend(detector(batch))
+    for source, _end in batch.run_ends:
+        for detector in detectors:
+            if isinstance(detector, StreamDetector):
+                detector.forget((source.run_id, source.rank))
     return found

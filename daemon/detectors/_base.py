@@ -201,6 +201,10 @@ class StreamDetector(Generic[StateT]):
     def new_state(self) -> StateT:
         raise NotImplementedError
 
+    def forget(self, key: StreamKey) -> None:
+        """Drop a finished stream's state (its open episodes stay open until they clear)."""
+        self._streams.pop(key, None)
+
     def state(self, key: StreamKey) -> StateT:
         state = self._streams.get(key)
         if state is None:
