@@ -20,6 +20,19 @@ log = logging.getLogger("trainvigil.gil")
 
 MAX_ATTRIBUTION_HZ = 20.0
 
+SATURATED_SHARE = 0.8
+"""The GIL is *saturated* when at least this share of the last ``ADAPT_EVERY`` probes found it held."""
+
+SATURATED_SLEEP = 20e-3
+"""Mean probe sleep while saturated. Each probe then costs the holder a forced switch, and
+the numbers that matter (held close to 1, waits of a switch interval or more) need far fewer
+samples, so the probe backs off 4x until contention drops."""
+
+SATURATED_ATTRIBUTION_HZ = 2.5
+
+ADAPT_EVERY = 16
+"""Probes between two looks at whether the GIL is saturated (about 0.1 s at the fast rate)."""
+
 
 def gil_enabled() -> bool:
     """False on a free-threaded build running without the GIL (3.13t and later)."""
@@ -35,6 +48,9 @@ class GilSampler:
             makes one period that ends at :meth:`stop` (what ``detect_gil_contention`` does).
         on_period: called on the sampler thread with each :class:`GilResult`; must not block.
         attribution_hz: attribution ticks per second (at most 20; 0 turns attribution off).
+        mean_sleep: mean of the probe's exponential sleeps. While the GIL is saturated (see
+            ``SATURATED_SHARE``) the probe sleeps ``SATURATED_SLEEP`` on average and attribution
+            runs at most ``SATURATED_ATTRIBUTION_HZ``.
         name: the name results carry.
     """
 
@@ -53,6 +69,7 @@ class GilSampler:
         self.on_period = on_period
         self.attribution_hz = min(max(attribution_hz, 0.0), MAX_ATTRIBUTION_HZ)
         self.name = name
+        self.mean_sleep = mean_sleep
         self._probe = Probe(mean_sleep)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,6 +128,13 @@ class GilSampler:
                     attribution.tick(contended=waits[-1] > BUSY_WAIT)
                     probe.rebase()
                     next_tick = max(next_tick + tick, now)
+                if len(waits) % ADAPT_EVERY == 0:
+                    recent = waits[-ADAPT_EVERY:]
+                    saturated = sum(w > BUSY_WAIT for w in recent) >= SATURATED_SHARE * len(recent)
+                    probe.mean_sleep = max(self.mean_sleep, SATURATED_SLEEP) if saturated else self.mean_sleep
+                    if attribution is not None:
+                        hz = min(self.attribution_hz, SATURATED_ATTRIBUTION_HZ) if saturated else self.attribution_hz
+                        tick = 1.0 / hz
                 if now - started >= self.interval:
                     self._emit(waits, now - started, started_wall, attribution, note)
                     waits = []
@@ -125,7 +149,7 @@ class GilSampler:
 
     def _emit(
         self, waits: list[float], elapsed: float, started: float, attribution: Attribution | None, note: str
-    ) -> None:
+    ) -> GilResult:
         result = build_result(
             self.name,
             started,
@@ -141,6 +165,7 @@ class GilSampler:
                 self.on_period(result)
             except Exception:
                 log.exception("trainvigil: a GIL period callback failed")
+        return result
 
 
 def _stop_at_exit(ref: weakref.ref[GilSampler]) -> None:
