@@ -214,3 +214,28 @@ def test_agent_runs_a_sampler_and_a_forked_child_gets_its_own(tmp_path: Path) ->
     finally:
         agent.close(timeout=0.2)
     assert not parent.running, "close() stops the sampler"
+
+
+def test_probe_backs_off_while_the_gil_is_saturated_and_recovers_after() -> None:
+    """A GIL-bound thread makes the probe sleep longer (cheaper); once it stops, the probe speeds up again."""
+    from support import wait_for
+    from trainvigil.agents.gil.sampler import SATURATED_SLEEP, GilSampler
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    sampler = GilSampler(1.0).start()
+    fast = sampler.mean_sleep
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        wait_for(lambda: sampler._probe.mean_sleep == SATURATED_SLEEP, 20, "the probe to back off")
+    finally:
+        stop.set()
+        spinner.join()
+    wait_for(lambda: sampler._probe.mean_sleep == fast, 20, "the probe to speed up again")
+    sampler.stop()
