@@ -52,6 +52,9 @@ class StreamSteps:
     time: np.ndarray
     columns: dict[str, tuple[np.ndarray, np.ndarray]]
     """name → (float64 values, bool presence), both as long as ``step``."""
+    paused: np.ndarray
+    """Per step: a checkpoint/eval pause? That is, a step carrying a non-zero ``checkpoint``/``eval``
+    value, or one named by an event of that kind (``agent.event("checkpoint", step=...)``)."""
     _cache: dict[str, Values] = field(default_factory=dict)
 
     def metric(self, name: str) -> Values:
@@ -67,33 +70,13 @@ class StreamSteps:
             self._cache[name] = cached
         return cached
 
-    def paused(self, batch: IngestBatch) -> np.ndarray:
-        """Per step: is it a checkpoint/eval pause?
-
-        A pause is a step carrying a non-zero ``checkpoint``/``eval`` value, or one named by an
-        event of that kind (``agent.event("checkpoint", step=...)``).
-        """
-        mask = np.zeros(len(self.step), dtype=bool)
-        for tag in PAUSE_TAGS:
-            if tag in self.columns:
-                values, present = self.columns[tag]
-                mask |= present & (values != 0)
-        named = [
-            e.step
-            for source, e in batch.events
-            if e.kind in PAUSE_TAGS and e.step is not None and (source.run_id, source.rank) == (self.run_id, self.rank)
-        ]
-        if named:
-            mask |= np.isin(self.step, np.asarray(named, dtype=np.int64))
-        return mask
-
-    def working(self, name: str, after: int, batch: IngestBatch) -> Values:
-        """Fresh values of ``name`` on steps that are not pauses (see :meth:`paused`)."""
+    def working(self, name: str, after: int) -> Values:
+        """Fresh values of ``name`` on steps that are not pauses (see ``paused``)."""
         column = self.columns.get(name)
         if column is None:
             return Values(_EMPTY_I, _EMPTY_F, _EMPTY_F)
         values, present = column
-        keep = present & (self.step > after) & ~self.paused(batch)
+        keep = present & (self.step > after) & ~self.paused
         return Values(self.step[keep], values[keep], self.time[keep])
 
 
@@ -105,7 +88,7 @@ def _columns_of(part: StepColumns) -> dict[str, tuple[np.ndarray, np.ndarray | N
     return {**part.known, **part.custom}
 
 
-def _merge(parts: list[StepColumns]) -> StreamSteps:
+def _merge(parts: list[StepColumns], named_pauses: list[int]) -> StreamSteps:
     source = parts[0].source
     step = np.concatenate([p.step for p in parts]) if len(parts) > 1 else parts[0].step
     times = np.concatenate([p.times for p in parts]) if len(parts) > 1 else parts[0].times
@@ -134,7 +117,14 @@ def _merge(parts: list[StepColumns]) -> StreamSteps:
         order = np.argsort(step, kind="stable")
         step, times = step[order], times[order]
         columns = {name: (v[order], p[order]) for name, (v, p) in columns.items()}
-    return StreamSteps(source.run_id, source.rank, source.world_size, step, times, columns)
+    paused = np.zeros(len(step), dtype=bool)
+    for tag in PAUSE_TAGS:
+        if tag in columns:
+            values, present = columns[tag]
+            paused |= present & (values != 0)
+    if named_pauses:
+        paused |= np.isin(step, np.asarray(named_pauses, dtype=np.int64))
+    return StreamSteps(source.run_id, source.rank, source.world_size, step, times, columns, paused)
 
 
 def streams(batch: IngestBatch) -> dict[StreamKey, StreamSteps]:
@@ -145,6 +135,10 @@ def streams(batch: IngestBatch) -> dict[StreamKey, StreamSteps]:
         for part in batch.steps:
             if len(part):
                 grouped.setdefault((part.source.run_id, part.source.rank), []).append(part)
-        cached = {key: _merge(parts) for key, parts in grouped.items()}
+        named: dict[StreamKey, list[int]] = {}
+        for source, event in batch.events:
+            if event.kind in PAUSE_TAGS and event.step is not None:
+                named.setdefault((source.run_id, source.rank), []).append(event.step)
+        cached = {key: _merge(parts, named.get(key, [])) for key, parts in grouped.items()}
         batch.cache["streams"] = cached
     return cached  # type: ignore[return-value]

@@ -56,7 +56,7 @@ class Slowdown:
             state = self._streams.get(key)
             if state is None:
                 state = self._streams[key] = _Stream(cfg)
-            v = steps.working(cfg.metric, state.watermark, batch)
+            v = steps.working(cfg.metric, state.watermark)
             if not len(v):
                 continue
             state.watermark = int(v.step[-1])

@@ -61,7 +61,7 @@ class Stall:
             state.seen = now
             # The interval ending at each step; those ending on an announced pause do not set the pace.
             before = state.last_step_time if np.isfinite(state.last_step_time) else s.time[0]
-            intervals = np.diff(s.time, prepend=before)[~s.paused(batch)]
+            intervals = np.diff(s.time, prepend=before)[~s.paused]
             if len(intervals):
                 state.longest = max(state.longest, float(intervals.max()))
             state.last_step_time = float(s.time[-1])

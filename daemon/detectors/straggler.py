@@ -70,7 +70,7 @@ class Straggler:
             if run is None:
                 run = self._runs[run_id] = _Run()
             run.world = max(run.world, steps.world_size, rank + 1)
-            v = steps.working(cfg.metric, run.watermark.get(rank, -(2**63)), batch)
+            v = steps.working(cfg.metric, run.watermark.get(rank, -(2**63)))
             if not len(v):
                 continue
             run.watermark[rank] = int(v.step[-1])
