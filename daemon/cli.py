@@ -178,6 +178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNAVAILABLE
     from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError, ReplayError
 
+    # What each failure prints and exits with (first match wins).
+    failures: dict[type[Exception], tuple[str, int]] = {
+        QueryRefusedError: ("refused: ", EXIT_QUERY),
+        QueryError: ("query failed: ", EXIT_QUERY),
+        ReplayError: ("cannot replay: ", EXIT_USAGE),
+        ConfigError: ("configuration error: ", EXIT_USAGE),
+        DaemonUnavailableError: ("", EXIT_UNAVAILABLE),
+    }
+
     try:
         if args.command == "up":
             return _up(args)
@@ -195,21 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "demo":
             return _demo(args)
-    except QueryRefusedError as exc:
-        print(f"vigil: refused: {exc}", file=sys.stderr)
-        return EXIT_QUERY
-    except QueryError as exc:
-        print(f"vigil: query failed: {exc}", file=sys.stderr)
-        return EXIT_QUERY
-    except ReplayError as exc:
-        print(f"vigil: cannot replay: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ConfigError as exc:
-        print(f"vigil: configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except DaemonUnavailableError as exc:
-        print(f"vigil: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+    except (QueryRefusedError, QueryError, ReplayError, ConfigError, DaemonUnavailableError) as exc:
+        prefix, code = next(v for t, v in failures.items() if isinstance(exc, t))
+        print(f"vigil: {prefix}{exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         return EXIT_OK
     parser.error(f"unknown command {args.command}")
