@@ -33,8 +33,8 @@ async def _resolve_broker(config: DaemonConfig, tg: anyio.abc.TaskGroup) -> str:
         log.info("nats_found", url=url)
         return url
     store_dir = Path(config.data_dir) / "jetstream"
-    url: str = await tg.start(supervise, config.embedded_port, store_dir)
-    return url
+    embedded: str = await tg.start(supervise, config.embedded_port, store_dir)
+    return embedded
 
 
 async def _with_retries(call: Callable[[], Awaitable[object]], attempts: int = 20) -> None:

@@ -17,7 +17,10 @@ import msgspec
 
 from trainvigil.errors import QueryError, QueryRefusedError
 
-READ_ONLY_CONFIG = {"enable_external_access": False, "lock_configuration": True}
+READ_ONLY_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "enable_external_access": False,
+    "lock_configuration": True,
+}
 
 
 class QueryRequest(msgspec.Struct, frozen=True):
