@@ -62,6 +62,20 @@ class StepColumns:
         return len(self.step)
 
 
+@dataclass(frozen=True, slots=True)
+class SeqGap:
+    """Stream sequences ``first..last`` that the daemon will never receive (evicted by the
+    stream's limits, purged, deleted, or a recreated stream): recorded, never silent."""
+
+    first: int
+    last: int
+    reason: str
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+
 @dataclass(slots=True)
 class IngestBatch:
     """Everything decoded from one fetch, grouped by destination table."""
@@ -76,6 +90,8 @@ class IngestBatch:
     anomalies: list[Anomaly] = field(default_factory=list)
     canaries: list[CanaryResult] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    losses: list[SeqGap] = field(default_factory=list)
+    """Holes in the consumed sequence found while fetching this batch (``data_loss`` rows)."""
     messages: int = 0
     max_seq: int = 0
     now: float | None = None

@@ -72,6 +72,9 @@ CREATE TABLE IF NOT EXISTS canary_results (
 CREATE TABLE IF NOT EXISTS dead_letters (
     time TIMESTAMP, subject VARCHAR, stream_seq BIGINT, reason VARCHAR, error VARCHAR, raw BLOB
 );
+CREATE TABLE IF NOT EXISTS data_loss (
+    time TIMESTAMP, stream VARCHAR, first_seq BIGINT, last_seq BIGINT, count BIGINT, reason VARCHAR
+);
 CREATE TABLE IF NOT EXISTS ingest_offsets (
     consumer VARCHAR PRIMARY KEY, stream VARCHAR, last_seq BIGINT, updated_at TIMESTAMP
 );
@@ -333,6 +336,10 @@ class Store:
         self._insert(
             "dead_letters",
             [(_ts(time.time()), d.subject, d.seq, d.reason, d.error, d.data) for d in b.dead_letters],
+        )
+        self._insert(
+            "data_loss",
+            [(_ts(time.time()), self.stream, g.first, g.last, g.count, g.reason) for g in b.losses],
         )
 
     def write_anomalies(self, anomalies: list[Anomaly]) -> None:
