@@ -25,6 +25,7 @@ from trainvigil.schemas import (
     StepBatch,
     decode,
 )
+from trainvigil.schemas.limits import MAX_TIME, MIN_TIME
 
 from trainvigil.errors import WireError
 
@@ -90,9 +91,13 @@ class IngestBatch:
     anomalies: list[Anomaly] = field(default_factory=list)
     canaries: list[CanaryResult] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    raw: list[RawMessage] = field(default_factory=list)
+    """The messages this batch was decoded from: a batch the store cannot commit is split by them."""
     losses: list[SeqGap] = field(default_factory=list)
     """Holes in the consumed sequence found while fetching this batch (``data_loss`` rows)."""
     messages: int = 0
+    wire_anomalies: int = 0
+    """How many of ``anomalies`` came decoded from messages (the rest are the detectors')."""
     max_seq: int = 0
     now: float | None = None
     """Wall-clock time of the batch (live ingest); None in replay, where record times stand in."""
@@ -134,6 +139,9 @@ def step_columns(source: Source, batch: StepBatch) -> StepColumns:
     n = len(batch.step) // 8
     step = np.frombuffer(batch.step, dtype="<i8")
     times = _floats(batch.times, n, "times")
+    if n and not bool(np.all((times >= MIN_TIME) & (times <= MAX_TIME))):  # False for NaN too
+        bad = times[~((times >= MIN_TIME) & (times <= MAX_TIME))][0]
+        raise WireError(f"step time {bad!r} is not a Unix time in [{MIN_TIME:g}, {MAX_TIME:g}]", reason="invalid")
     known: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     custom: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     for name, column in batch.columns.items():
@@ -180,6 +188,7 @@ def decode_batch(messages: Iterable[RawMessage]) -> IngestBatch:
     """Decode ``messages``; unreadable ones go to ``dead_letters`` with their reason."""
     batch = IngestBatch()
     for msg in messages:
+        batch.raw.append(msg)
         batch.messages += 1
         batch.max_seq = max(batch.max_seq, msg.seq)
         try:
@@ -187,4 +196,5 @@ def decode_batch(messages: Iterable[RawMessage]) -> IngestBatch:
             _add_records(batch, envelope)
         except WireError as exc:
             batch.dead_letters.append(DeadLetter(msg.subject, msg.seq, exc.reason, str(exc), msg.data))
+    batch.wire_anomalies = len(batch.anomalies)
     return batch

@@ -8,6 +8,7 @@ metrics for a step that arrive in several messages are merged into that row.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from datetime import UTC, datetime
@@ -18,9 +19,14 @@ import duckdb
 import msgspec
 import numpy as np
 import pyarrow as pa
+import structlog
 from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
 
-from .decode import IngestBatch, StepColumns
+from trainvigil.errors import StoreUnavailableError
+
+from .decode import DeadLetter, IngestBatch, RawMessage, StepColumns, decode_batch
+
+log = structlog.get_logger("trainvigil.store")
 
 SCHEMA_VERSION = 1
 _METRIC_COLS = ", ".join(f"{m} DOUBLE" for m in KNOWN_METRICS)
@@ -101,6 +107,14 @@ DROP TABLE _vigil_merged;
 """
 """Fold a batch into rows already stored: per metric the latest non-NULL value wins
 (stream order), custom-metric maps are merged key by key."""
+
+
+_UNAVAILABLE = (duckdb.IOException, duckdb.OutOfMemoryException, duckdb.FatalException, OSError)
+"""Errors of the database or the disk, not of a message: retried later, never dead-lettered."""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
 
 
 def _ts(seconds: float | None) -> datetime | None:
@@ -203,15 +217,86 @@ class Store:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def write(self, batch: IngestBatch) -> None:
-        """Apply ``batch`` and its offset in one transaction (or nothing, on error)."""
+    def write(self, batch: IngestBatch) -> list[DeadLetter]:
+        """Apply ``batch`` and its offset in one transaction; never fails on what a message holds.
+
+        A batch the database refuses because of its content (a value out of a column's range,
+        anything the wire check let through) is split by message and retried, so only the
+        message(s) at fault are refused: each becomes a ``dead_letters`` row (``unstorable``,
+        with the database's error) committed with its sequence, and everything else is
+        stored. Messages at or below the committed offset are already applied and skipped,
+        so calling ``write`` again with the same batch after a failure stores nothing twice.
+
+        Returns the dead letters made here. Raises:
+            StoreUnavailableError: the database cannot write at all (disk full, I/O error);
+                nothing more was committed and the same batch may be retried later.
+        """
         with self._lock:
-            tops = self._append_only(batch)
-            self._transaction(batch, merge=tops is None)
-            if tops is None:
-                tops = self._tops_after_merge(batch)
-            self._max_step.update(tops)
-            self.last_seq = max(self.last_seq, batch.max_seq)
+            pending = self._unapplied(batch)
+            try:
+                self._apply(pending)
+                return []
+            except Exception as exc:
+                self._raise_if_unavailable(exc)
+                log.warning("batch_unstorable", error=_describe(exc), messages=len(pending.raw))
+            refused: list[DeadLetter] = []
+            if len(pending.raw) > 1:
+                half = len(pending.raw) // 2
+                self._isolate(pending.raw[:half], refused)
+                self._isolate(pending.raw[half:], refused)
+            elif pending.raw:
+                self._isolate(pending.raw, refused)
+            tail = IngestBatch(
+                anomalies=pending.anomalies[pending.wire_anomalies :], losses=pending.losses, max_seq=self.last_seq
+            )
+            try:
+                self._apply(tail)
+            except Exception as exc:
+                self._raise_if_unavailable(exc)
+                log.error("alerts_unstorable", error=_describe(exc), anomalies=len(tail.anomalies))
+            return refused
+
+    def _unapplied(self, batch: IngestBatch) -> IngestBatch:
+        """``batch`` without the messages a partial commit of an earlier try already applied."""
+        if not batch.raw or batch.raw[0].seq > self.last_seq:
+            return batch
+        rest = decode_batch([m for m in batch.raw if m.seq > self.last_seq])
+        rest.anomalies.extend(batch.anomalies[batch.wire_anomalies :])
+        rest.losses = batch.losses
+        rest.max_seq = max(rest.max_seq, self.last_seq)
+        rest.now = batch.now
+        return rest
+
+    def _isolate(self, msgs: list[RawMessage], refused: list[DeadLetter]) -> None:
+        """Commit ``msgs`` in halves, in sequence order, down to the single messages at fault."""
+        try:
+            self._apply(decode_batch(msgs))
+            return
+        except Exception as exc:
+            self._raise_if_unavailable(exc)
+            if len(msgs) > 1:
+                half = len(msgs) // 2
+                self._isolate(msgs[:half], refused)
+                self._isolate(msgs[half:], refused)
+                return
+            error = _describe(exc)
+        m = msgs[0]
+        letter = DeadLetter(m.subject, m.seq, "unstorable", error, m.data)
+        log.warning("dead_letter", subject=m.subject, seq=m.seq, reason="unstorable", error=error)
+        self._apply(IngestBatch(dead_letters=[letter], max_seq=m.seq))
+        refused.append(letter)
+
+    def _raise_if_unavailable(self, exc: Exception) -> None:
+        if isinstance(exc, _UNAVAILABLE) or "No space left" in str(exc):
+            raise StoreUnavailableError(str(self.path), _describe(exc)) from exc
+
+    def _apply(self, batch: IngestBatch) -> None:
+        tops = self._append_only(batch)
+        self._transaction(batch, merge=tops is None)
+        if tops is None:
+            tops = self._tops_after_merge(batch)
+        self._max_step.update(tops)
+        self.last_seq = max(self.last_seq, batch.max_seq)
 
     def _append_only(self, batch: IngestBatch) -> dict[tuple[str, int], int] | None:
         """New per-(run, rank) top steps if every step of ``batch`` is new and rising, else None."""
@@ -252,7 +337,9 @@ class Store:
             )
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            # A failed statement may already have ended the transaction; the error to report is the first one.
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
             raise
         finally:
             if batch.steps:

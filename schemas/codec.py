@@ -6,7 +6,8 @@ import msgspec
 
 from trainvigil.errors import SchemaVersionError, WireError
 
-from .records import SCHEMA_MAJOR, Envelope
+from .limits import MAX_FIELDS_DEPTH, fields_depth
+from .records import SCHEMA_MAJOR, Envelope, RunEvent, RunStart
 
 
 class _Header(msgspec.Struct):
@@ -38,11 +39,28 @@ def decode(data: bytes | memoryview) -> Envelope:
         raise WireError(f"not a MessagePack envelope: {exc}", reason="malformed") from exc
     except msgspec.ValidationError as exc:
         raise WireError(f"not an envelope: {exc}", reason="malformed") from exc
+    except RecursionError as exc:
+        raise WireError("values nested too deep to decode", reason="too_deep") from exc
     if header.v != SCHEMA_MAJOR:
         raise SchemaVersionError(header.v, SCHEMA_MAJOR)
     try:
-        return _envelope_decoder.decode(data)
+        envelope = _envelope_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise WireError(f"envelope does not match schema v{SCHEMA_MAJOR}: {exc}", reason="invalid") from exc
     except msgspec.DecodeError as exc:
         raise WireError(f"truncated or corrupt MessagePack: {exc}", reason="malformed") from exc
+    except RecursionError as exc:
+        raise WireError("values nested too deep to decode", reason="too_deep") from exc
+    _check_depth(envelope)
+    return envelope
+
+
+def _check_depth(envelope: Envelope) -> None:
+    for record in envelope.records:
+        if isinstance(record, RunEvent | RunStart):
+            value = record.fields if isinstance(record, RunEvent) else record.config
+            if fields_depth(value) > MAX_FIELDS_DEPTH:
+                raise WireError(
+                    f"{record.__struct_config__.tag} values nested deeper than {MAX_FIELDS_DEPTH} levels",
+                    reason="too_deep",
+                )

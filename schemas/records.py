@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .limits import Count32, Count64, Int32, Int64, Name, Rank, Text, Time
+
 SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 1
 
@@ -35,18 +37,18 @@ KNOWN_METRICS: tuple[str, ...] = (
 class _Record(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
     """Base of every record: ``time`` is Unix seconds when the producer made it."""
 
-    time: float
+    time: Time
 
 
 class Source(msgspec.Struct, frozen=True, kw_only=True):
     """Who produced an envelope: one agent process (one rank of one run)."""
 
-    run_id: str
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    host: str = ""
-    pid: int = 0
+    run_id: Name
+    rank: Rank = 0
+    world_size: Count32 = 1
+    local_rank: Count32 = 0
+    host: Name = ""
+    pid: Int32 = 0
 
 
 class Column(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,31 +72,32 @@ class StepBatch(_Record, frozen=True, tag="steps"):
 
     step: bytes
     times: bytes
-    columns: dict[str, Column] = {}
+    columns: dict[Name, Column] = {}
 
 
 class RunStart(_Record, frozen=True, tag="run_start"):
     """An agent started: the run's configuration as the producer saw it."""
 
-    argv: list[str] = []
+    argv: list[Text] = []
     config: dict[str, Any] = {}
-    agent_version: str = ""
+    agent_version: Name = ""
 
 
 class RunEnd(_Record, frozen=True, tag="run_end"):
     """An agent closed cleanly (``status`` ``ok``) or on an exception (``error``)."""
 
-    status: str = "ok"
-    last_step: int | None = None
-    dropped: dict[str, int] = {}
+    status: Name = "ok"
+    last_step: Int64 | None = None
+    dropped: dict[Name, Count64] = {}
 
 
 class RunEvent(_Record, frozen=True, tag="event"):
     """A run-level event from ``agent.event(kind, **fields)``."""
 
-    kind: str
-    step: int | None = None
+    kind: Name
+    step: Int64 | None = None
     fields: dict[str, Any] = {}
+    """JSON-like values, nested at most ``limits.MAX_FIELDS_DEPTH`` deep."""
 
 
 class Heartbeat(_Record, frozen=True, tag="heartbeat"):
@@ -103,11 +106,11 @@ class Heartbeat(_Record, frozen=True, tag="heartbeat"):
     ``dropped`` counts events lost, by reason, since the agent started.
     """
 
-    last_step: int | None = None
-    buffered: int = 0
-    spilled_bytes: int = 0
+    last_step: Int64 | None = None
+    buffered: Count64 = 0
+    spilled_bytes: Count64 = 0
     connected: bool = True
-    dropped: dict[str, int] = {}
+    dropped: dict[Name, Count64] = {}
 
 
 class ThreadShare(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,7 +127,7 @@ class GilSample(_Record, frozen=True, tag="gil"):
     """GIL contention over one sampling period (wait percentiles in seconds)."""
 
     period: float
-    samples: int
+    samples: Count32
     wait_p50: float
     wait_p90: float
     wait_p99: float
@@ -143,11 +146,11 @@ class CheckpointDigest(_Record, frozen=True, tag="ckpt"):
     ``origin`` says why it was computed: ``save``, ``load`` or ``parity``.
     """
 
-    step: int | None
-    algo: str
-    root: str
-    tensors: dict[str, str] = {}
-    path: str = ""
+    step: Int64 | None
+    algo: Name
+    root: Text
+    tensors: dict[Text, Text] = {}
+    path: Text = ""
     origin: Literal["save", "load", "parity"] = "save"
     ok: bool = True
 
@@ -155,33 +158,33 @@ class CheckpointDigest(_Record, frozen=True, tag="ckpt"):
 class Anomaly(_Record, frozen=True, tag="anomaly"):
     """One alert episode's state: ``state`` is ``open``, ``escalated`` or ``cleared``."""
 
-    run_id: str
-    rank: int
-    step: int | None
-    detector: str
+    run_id: Name
+    rank: Rank
+    step: Int64 | None
+    detector: Name
     severity: Literal["warn", "page"]
     value: float | None = None
     baseline: float | None = None
     threshold: float | None = None
-    message: str = ""
-    state: str = "open"
-    episode: str = ""
+    message: Text = ""
+    state: Name = "open"
+    episode: Name = ""
     """Shared by every update of one incident (open, escalated, cleared)."""
-    last_step: int | None = None
+    last_step: Int64 | None = None
     """The latest step that was flagged in this episode."""
 
 
 class CanaryResult(_Record, frozen=True, tag="canary"):
     """The verdict of one fault-injection canary job."""
 
-    name: str
-    fault: str
+    name: Name
+    fault: Name
     passed: bool
-    expected_detector: str = ""
-    fault_step: int | None = None
-    fired_step: int | None = None
-    latency_steps: int | None = None
-    detail: str = ""
+    expected_detector: Name = ""
+    fault_step: Int64 | None = None
+    fired_step: Int64 | None = None
+    latency_steps: Int64 | None = None
+    detail: Text = ""
 
 
 Record = StepBatch | RunStart | RunEnd | RunEvent | Heartbeat | GilSample | CheckpointDigest | Anomaly | CanaryResult

@@ -44,6 +44,18 @@ class QueryError(VigilError):
     """A read-only SQL query failed while running (bad SQL, timeout, no such table)."""
 
 
+class StoreUnavailableError(VigilError):
+    """The daemon's database cannot write (disk full, I/O error); the batch was not committed."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"cannot write to {path}: {detail}; free disk space (or fix the data directory) "
+            "and the daemon resumes by itself"
+        )
+        self.path = path
+        self.detail = detail
+
+
 class DaemonUnavailableError(VigilError):
     """No running daemon answered and no data directory could be opened instead."""
 
