@@ -9,6 +9,7 @@ metrics for a step that arrive in several messages are merged into that row.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import threading
 import time
 from datetime import UTC, datetime
@@ -181,14 +182,23 @@ def steps_table(parts: list[StepColumns]) -> pa.Table:
 class Store:
     """The daemon's DuckDB database. Only the ingest stage writes; queries use cursors."""
 
-    def __init__(self, path: Path, consumer: str = "vigil-daemon", stream: str = "VIGIL") -> None:
+    def __init__(
+        self, path: Path, consumer: str = "vigil-daemon", stream: str = "VIGIL", *, min_free_bytes: int = 0
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.consumer = consumer
         self.stream = stream
-        # No file or network access from SQL, and nobody can turn it back on.
-        self.con = duckdb.connect(str(path), config={"enable_external_access": False, "lock_configuration": True})
+        self.min_free_bytes = min_free_bytes
+        """Below this much free space on the data directory's disk, writes pause (queries and
+        DuckDB's own checkpoint still need room)."""
         self._lock = threading.Lock()
+        self._invalidated = False
+        self._open()
+
+    def _open(self) -> None:
+        # No file or network access from SQL, and nobody can turn it back on.
+        self.con = duckdb.connect(str(self.path), config={"enable_external_access": False, "lock_configuration": True})
         self.con.execute(DDL)
         if not self.con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
             self.con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
@@ -232,6 +242,7 @@ class Store:
                 nothing more was committed and the same batch may be retried later.
         """
         with self._lock:
+            self._ready_to_write()
             pending = self._unapplied(batch)
             try:
                 self._apply(pending)
@@ -286,8 +297,34 @@ class Store:
         self._apply(IngestBatch(dead_letters=[letter], max_seq=m.seq))
         refused.append(letter)
 
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.path.parent).free
+
+    def _ready_to_write(self) -> None:
+        """Raise StoreUnavailableError while the disk is below the floor; reopen a database
+        DuckDB invalidated after an I/O error once it can be opened again."""
+        if self.min_free_bytes:
+            free = self.free_bytes()
+            if free < self.min_free_bytes:
+                raise StoreUnavailableError(
+                    str(self.path),
+                    f"{free} bytes free, below the floor of {self.min_free_bytes} (store.min_free_bytes)",
+                )
+        if self._invalidated:
+            try:
+                with contextlib.suppress(duckdb.Error):
+                    self.con.close()
+                self._open()
+            except duckdb.Error as exc:
+                raise StoreUnavailableError(str(self.path), _describe(exc)) from exc
+            self._invalidated = False
+            log.info("store_reopened", path=str(self.path), last_seq=self.last_seq)
+
     def _raise_if_unavailable(self, exc: Exception) -> None:
-        if isinstance(exc, _UNAVAILABLE) or "No space left" in str(exc):
+        text = str(exc)
+        if "invalidated" in text or isinstance(exc, duckdb.FatalException):
+            self._invalidated = True
+        if self._invalidated or isinstance(exc, _UNAVAILABLE) or "No space left" in text or "Could not write" in text:
             raise StoreUnavailableError(str(self.path), _describe(exc)) from exc
 
     def _apply(self, batch: IngestBatch) -> None:
