@@ -14,17 +14,20 @@ import os
 import sys
 import time
 import weakref
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
-from trainvigil.schemas import Record, RunEvent, RunStart, Source
+from trainvigil.schemas import Record, RunStart, Source
+from trainvigil.schemas.limits import MAX_TEXT
 
 from trainvigil._version import __version__
 
+from ._drops import Drops
+from ._values import make_event, wire_text
 from .columnar import Entry
 from .gil import GilResult, GilSampler
 from .options import AgentOptions, announce_run_id, resolve
@@ -49,7 +52,7 @@ class Agent:
         self.options = options
         self._max_buffer = options.max_buffer if options.enabled else 0
         self._closed = False
-        self._hot_drops: Counter[str] = Counter()
+        self._drops = Drops()
         self._last_step: int | None = None
         self._pending: set[Future[Any]] = set()
         self.before_close: list[Callable[[], None]] = []
@@ -75,10 +78,9 @@ class Agent:
         self._gil: GilSampler | None = None
         if not opts.enabled:
             return
-        self._records.append(RunStart(time=time.time(), argv=list(sys.argv), agent_version=__version__))
-        self._worker = Worker(
-            opts, self.source, self._steps, self._records, self._hot_drops.copy, lambda: self._last_step
-        )
+        argv = [wire_text(arg, MAX_TEXT) for arg in sys.argv]  # a huge or undecodable argument never costs the start
+        self._records.append(RunStart(time=time.time(), argv=argv, agent_version=__version__))
+        self._worker = Worker(opts, self.source, self._steps, self._records, self._drops, lambda: self._last_step)
         self._worker.start()
         if opts.gil:
             self._gil = GilSampler(opts.gil_interval, self._gil_period, name=opts.run_id).start()
@@ -98,27 +100,46 @@ class Agent:
 
     def log(self, step: int, /, **metrics: float) -> None:
         """Record metrics for ``step``: known names (loss, grad_norm, lr, step_time, samples,
-        tokens, reward, entropy, kl) and any custom name. Values are numbers (Python, NumPy,
-        or 0-d tensors). Never blocks and never raises; if the buffer is full the call is
-        dropped and counted.
+        tokens, reward, entropy, kl) and any custom name. Values are numbers: Python, NumPy
+        scalars of any dtype, 0-d (or 1-element) arrays and tensors. Never blocks and never
+        raises: the values are checked later, on the agent's thread; one that is not a number
+        is dropped and counted (``bad_value``), as is a call whose step is not an int
+        (``bad_step``) or that finds the buffer full (``queue_full``).
         """
         steps = self._steps
         if len(steps) < self._max_buffer:
             steps.append((step, _now(), metrics))
             self._last_step = step
-        elif self.options.enabled:
-            self._hot_drops["closed" if self._closed else "queue_full"] += 1
+        else:
+            self._full()
 
     def event(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
-        """Record a run-level event (``kind`` names it; ``fields`` are JSON-like values)."""
-        self._emit(RunEvent(time=time.time(), kind=str(kind), step=step, fields=fields))
+        """Record a run-level event: ``kind`` names it, ``step`` is an int or ``None``.
+
+        ``fields`` are JSON-like: numbers, strings, bools, ``None``, lists, tuples and dicts
+        of those; NumPy and torch scalars become Python numbers and arrays or tensors of up
+        to 1024 elements become lists, read now (so later in-place changes do not show).
+        Anything else is left out of the event and counted (``bad_field``); so is a step
+        that is not an int (``bad_step``, the event goes out without it). Never raises.
+        """
+        if len(self._records) >= self._max_buffer:
+            self._full()
+            return
+        event, refused = make_event(time.time(), kind, step, fields)
+        for reason, note in refused:
+            self._drops.add(reason, note=note)
+        self._records.append(event)
 
     def _emit(self, record: Record) -> None:
         """Queue any wire record (checkpoint digests come from other threads through here)."""
         if len(self._records) < self._max_buffer:
             self._records.append(record)
-        elif self.options.enabled:
-            self._hot_drops["closed" if self._closed else "queue_full"] += 1
+        else:
+            self._full()
+
+    def _full(self) -> None:
+        if self.options.enabled:
+            self._drops.add("closed" if self._closed else "queue_full")
 
     def checkpoint_saved(
         self, path: str, state_dict: Any, step: int | None = None, *, algo: str = "blake3", snapshot: bool = True
@@ -142,7 +163,7 @@ class Agent:
                 self._emit(saved_record(f.result(), path, step))
                 published.set_result(f.result())
             else:
-                self._hot_drops["ckpt_digest_failed"] += 1
+                self._drops.add("ckpt_digest_failed", note=f"checkpoint digest of {path}")
                 log.warning("trainvigil: checkpoint digest of %s not published: %s", path, exc)
                 published.set_exception(exc)
             self._pending.discard(published)
@@ -155,9 +176,10 @@ class Agent:
     def close(self, timeout: float | None = None, *, status: str = "ok") -> bool:
         """Flush everything buffered and stop, waiting at most ``timeout`` seconds.
 
-        Returns ``True`` when every event reached the broker. Events still undelivered at
-        the deadline are counted as dropped (``close_timeout``) and logged. Safe to call
-        twice.
+        Returns ``True`` when every event reached the broker; ``False`` when anything was
+        lost, for any reason: ``stats()["dropped"]`` says what by reason and
+        ``stats()["last_error"]`` the last error seen. Events still undelivered at the
+        deadline are counted as dropped (``close_timeout``) and logged. Safe to call twice.
         """
         if self._closed:
             return self._delivered_all()
@@ -179,19 +201,21 @@ class Agent:
         self._max_buffer = 0
         worker = self._worker
         if worker is None:
-            return True
+            return self._delivered_all()
         worker.request_close(timeout, status)
         worker.thread.join(timeout + 2.0)
         return self._delivered_all()
 
     def _delivered_all(self) -> bool:
         worker = self._worker
-        return worker is None or ("close_timeout" not in worker.drops and not worker.thread.is_alive())
+        finished = worker is None or not worker.thread.is_alive()
+        return finished and not self._drops.total()
 
     def stats(self) -> dict[str, Any]:
-        """Delivery counters: connected, delivered/pending events, spilled bytes, drops by reason."""
+        """Delivery counters: connected, delivered/pending events, spilled bytes, drops by
+        reason, the last error. Safe to call from any thread at any time."""
         if self._worker is None:
-            return {"connected": False, "dropped": dict(self._hot_drops)}
+            return {"connected": False, "dropped": self._drops.snapshot()}
         return self._worker.stats()
 
     def __enter__(self) -> Agent:
@@ -207,7 +231,7 @@ class Agent:
     def _after_fork_in_child(self) -> None:
         """A forked child gets a fresh agent of its own: new buffers, new thread, new
         connection. The parent's buffered events stay with the parent (no duplicates)."""
-        self._hot_drops = Counter()
+        self._drops = Drops()
         self._last_step = None
         self._pending = set()
         if self._worker is not None:

@@ -3,12 +3,16 @@
 The builder takes entries in small chunks so the worker thread can give the GIL back to
 the training thread between chunks: a long uninterrupted Python stretch on the worker
 would stall ``log()`` for up to the interpreter's switch interval (5 ms).
+
+``log()`` appends whatever it was given, so this is where values are checked: a metric
+that is not one real number (a longer array, a string, ``None``, an object whose
+``__float__`` raises) is left out of its row and counted as ``bad_value``; an entry whose
+step is not an int is left out whole (``bad_step``). The first few are described by name.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import chain
@@ -16,6 +20,10 @@ from typing import Any
 
 import numpy as np
 from trainvigil.schemas import Column, StepBatch
+from trainvigil.schemas.limits import MAX_NAME
+
+from ._drops import DESCRIBED
+from ._values import SCALAR_TYPES, as_float, as_step, describe, utf8
 
 Entry = tuple[Any, float, dict[str, Any]]
 """What ``log()`` appends: (step, Unix time, metrics as passed)."""
@@ -23,86 +31,135 @@ Entry = tuple[Any, float, dict[str, Any]]
 _F8 = np.dtype("<f8")
 _I8 = np.dtype("<i8")
 
-
-def _as_float(value: Any) -> float | None:
-    try:
-        # A tensor straight from autograd: read its value without torch's requires_grad warning.
-        return float(value.detach() if hasattr(value, "detach") else value)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        return None
+_Part = tuple[np.ndarray | None, np.ndarray, np.ndarray | None]
+"""Part of a column: (row positions, ``None`` for "every row of the chunk"; values; presence mask or ``None``)."""
 
 
-def _is_int(step: Any) -> bool:
-    return isinstance(step, int | np.integer) and not isinstance(step, bool)
-
-
-def _to_floats(raw: list[Any], dropped: Counter[str]) -> tuple[np.ndarray, np.ndarray | None]:
+def _to_floats(raw: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:
     """``raw`` as float64, plus a presence mask when some values were not numbers."""
-    if None not in raw:  # NumPy would turn None into a NaN that looks logged
+    if set(map(type, raw)) <= SCALAR_TYPES:
         try:
-            values = np.asarray(raw, dtype=_F8)
-            if values.shape == (len(raw),):
-                return values, None
-        except (TypeError, ValueError, RuntimeError, OverflowError):
+            return np.fromiter(raw, dtype=_F8, count=len(raw)), None
+        except (OverflowError, TypeError, ValueError):  # an int beyond float64's range
             pass
-    converted = [_as_float(v) for v in raw]
+    converted = [as_float(v) for v in raw]
     bad = np.fromiter((v is None for v in converted), dtype=bool, count=len(converted))
-    dropped["bad_value"] += int(bad.sum())
-    values = np.fromiter((math.nan if v is None else v for v in converted), dtype=_F8, count=len(converted))
-    return values, ~bad
+    values = np.fromiter((0.0 if v is None else v for v in converted), dtype=_F8, count=len(converted))
+    return values, (~bad if bad.any() else None)
 
 
 class StepBatchBuilder:
-    """Accumulates entries chunk by chunk; :meth:`finish` packs them into one batch."""
+    """Accumulates entries chunk by chunk; :meth:`finish` packs them into one batch.
+
+    ``dropped`` counts what was left out by reason; ``notes`` describes the first few as
+    (reason, description) pairs.
+    """
 
     def __init__(self) -> None:
         self.dropped: Counter[str] = Counter()
+        self.notes: list[tuple[str, str]] = []
         self._steps: list[np.ndarray] = []
         self._times: list[np.ndarray] = []
-        # name -> list of (row offset, row positions or None for "every row", values, mask)
-        self._columns: dict[str, list[tuple[np.ndarray | None, np.ndarray, np.ndarray | None]]] = {}
+        # name -> parts, row positions already offset into the whole batch
+        self._columns: dict[str, list[_Part]] = {}
         self.rows = 0
 
     def add(self, entries: Sequence[Entry]) -> None:
-        if not all(type(e[0]) is int for e in entries) and not all(_is_int(e[0]) for e in entries):
-            kept = [e for e in entries if _is_int(e[0])]
-            self.dropped["bad_step"] += len(entries) - len(kept)
-            entries = kept
+        """Pack ``entries``. All or nothing: if this raises, the builder is as it was before."""
+        dropped: Counter[str] = Counter()
+        notes: list[tuple[str, str]] = []
+        entries, steps = self._good_steps(entries, dropped, notes)
         n = len(entries)
-        if n == 0:
-            return
-        self._steps.append(np.fromiter((e[0] for e in entries), dtype=_I8, count=n))
-        self._times.append(np.fromiter((e[1] for e in entries), dtype=_F8, count=n))
-        offset = self.rows
-        dicts = [e[2] for e in entries]
-        names = tuple(dicts[0])
-        if all(map(names.__eq__, map(tuple, dicts))):
-            self._add_uniform(names, dicts, offset)
-        else:
-            self._add_ragged(entries, offset)
-        self.rows += n
+        parts: list[tuple[str, _Part]] = []
+        if n:
+            times = np.fromiter((e[1] for e in entries), dtype=_F8, count=n)
+            dicts = [e[2] for e in entries]
+            names = tuple(dicts[0])
+            if all(map(names.__eq__, map(tuple, dicts))):
+                parts = self._uniform(names, dicts, steps, dropped, notes)
+            else:
+                parts = self._ragged(entries, steps, dropped, notes)
+            parts = self._named(parts, dropped, notes)
+        # Nothing above changed the builder; from here on nothing can fail.
+        if n:
+            offset = self.rows
+            self._steps.append(steps)
+            self._times.append(times)
+            for name, (rows, values, mask) in parts:
+                if offset:
+                    rows = np.arange(offset, offset + n, dtype=np.intp) if rows is None else rows + offset
+                self._columns.setdefault(name, []).append((rows, values, mask))
+            self.rows += n
+        self.dropped.update(dropped)
+        self.notes += notes[: max(0, DESCRIBED - len(self.notes))]
 
-    def _add_uniform(self, names: tuple[str, ...], dicts: list[dict[str, Any]], offset: int) -> None:
+    @staticmethod
+    def _named(
+        parts: list[tuple[str, _Part]], dropped: Counter[str], notes: list[tuple[str, str]]
+    ) -> list[tuple[str, _Part]]:
+        """``parts`` without columns whose name cannot go on the wire (not UTF-8, or too long):
+        one such name would make the daemon refuse the whole message."""
+        if all(len(name) <= MAX_NAME and utf8(name) for name, _ in parts):
+            return parts
+        kept = []
+        for name, part in parts:
+            if len(name) <= MAX_NAME and utf8(name):
+                kept.append((name, part))
+                continue
+            lost = len(part[1]) if part[2] is None else int(part[2].sum())
+            dropped["bad_value"] += lost
+            if len(notes) < DESCRIBED:
+                why = f"is longer than {MAX_NAME} characters" if utf8(name) else "is not UTF-8"
+                notes.append(("bad_value", f"{lost} values of metric {name[:40]!r}: the name {why}"))
+        return kept
+
+    def _good_steps(
+        self, entries: Sequence[Entry], dropped: Counter[str], notes: list[tuple[str, str]]
+    ) -> tuple[Sequence[Entry], np.ndarray]:
+        """The entries whose step is an int64, and their steps."""
+        if all(type(e[0]) is int for e in entries):
+            try:
+                return entries, np.fromiter((e[0] for e in entries), dtype=_I8, count=len(entries))
+            except OverflowError:
+                pass
+        kept: list[Entry] = []
+        steps: list[int] = []
+        for entry in entries:
+            step = as_step(entry[0])
+            if step is None:
+                dropped["bad_step"] += 1
+                if len(notes) < DESCRIBED:
+                    what = ", ".join(map(repr, entry[2])) or "no metrics"
+                    notes.append(("bad_step", f"step {describe(entry[0])} is not an int; dropped its {what}"))
+            else:
+                kept.append(entry)
+                steps.append(step)
+        return kept, np.array(steps, dtype=_I8)
+
+    def _uniform(
+        self,
+        names: tuple[str, ...],
+        dicts: list[dict[str, Any]],
+        steps: np.ndarray,
+        dropped: Counter[str],
+        notes: list[tuple[str, str]],
+    ) -> list[tuple[str, _Part]]:
         """Every entry logged the same names in the same order (the common case): one flat array."""
         n, k = len(dicts), len(names)
-        if any(hasattr(v, "detach") for v in dicts[0].values()):  # tensors: the careful path detaches them
-            self._add_columns(names, [list(range(n))] * k, [[d[name] for d in dicts] for name in names], n, offset)
-            return
-        try:
-            # float() of each value; None, strings and the like raise and take the careful path.
-            matrix = np.fromiter(chain.from_iterable(map(dict.values, dicts)), dtype=_F8, count=n * k).reshape(n, k)
-            # NumPy reads None as NaN; a NaN is rare, so only then look for a None behind it.
-            if np.isnan(matrix).any() and any(v is None for d in dicts for v in d.values()):
-                raise TypeError("None among the values")
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            columns = [[d[name] for d in dicts] for name in names]
-            self._add_columns(names, [list(range(n))] * k, columns, n, offset)
-            return
-        spread = None if offset == 0 else np.arange(offset, offset + n, dtype=np.intp)
-        for j, name in enumerate(names):
-            self._columns.setdefault(name, []).append((spread, np.ascontiguousarray(matrix[:, j]), None))
+        flat = list(chain.from_iterable(map(dict.values, dicts)))
+        if set(map(type, flat)) <= SCALAR_TYPES:
+            try:
+                matrix = np.fromiter(flat, dtype=_F8, count=n * k).reshape(n, k)
+            except (OverflowError, TypeError, ValueError):  # an int beyond float64's range
+                pass
+            else:
+                return [(name, (None, np.ascontiguousarray(matrix[:, j]), None)) for j, name in enumerate(names)]
+        raws = [flat[j::k] for j in range(k)]
+        return self._columns_of(names, [None] * k, raws, steps, dropped, notes)
 
-    def _add_ragged(self, entries: Sequence[Entry], offset: int) -> None:
+    def _ragged(
+        self, entries: Sequence[Entry], steps: np.ndarray, dropped: Counter[str], notes: list[tuple[str, str]]
+    ) -> list[tuple[str, _Part]]:
         by_name: dict[str, tuple[list[int], list[Any]]] = {}
         for i, (_, _, metrics) in enumerate(entries):
             for name, value in metrics.items():
@@ -112,17 +169,30 @@ class StepBatchBuilder:
                 slot[0].append(i)
                 slot[1].append(value)
         names = tuple(by_name)
-        self._add_columns(names, [by_name[k][0] for k in names], [by_name[k][1] for k in names], len(entries), offset)
+        n = len(entries)
+        indexes = [None if len(by_name[k][0]) == n else np.asarray(by_name[k][0], dtype=np.intp) for k in names]
+        return self._columns_of(names, indexes, [by_name[k][1] for k in names], steps, dropped, notes)
 
-    def _add_columns(
-        self, names: tuple[str, ...], indexes: list[list[int]], raws: list[list[Any]], n: int, offset: int
-    ) -> None:
+    def _columns_of(
+        self,
+        names: tuple[str, ...],
+        indexes: list[np.ndarray | None],
+        raws: list[list[Any]],
+        steps: np.ndarray,
+        dropped: Counter[str],
+        notes: list[tuple[str, str]],
+    ) -> list[tuple[str, _Part]]:
+        parts: list[tuple[str, _Part]] = []
         for name, index, raw in zip(names, indexes, raws, strict=True):
-            values, mask = _to_floats(raw, self.dropped)
-            rows = None if len(index) == n else np.asarray(index, dtype=np.intp) + offset
-            if rows is None and offset:
-                rows = np.arange(offset, offset + n, dtype=np.intp)
-            self._columns.setdefault(name, []).append((rows, values, mask))
+            values, mask = _to_floats(raw)
+            if mask is not None:
+                bad = np.flatnonzero(~mask)
+                dropped["bad_value"] += len(bad)
+                for i in bad[: max(0, DESCRIBED - len(notes))]:
+                    step = steps[i if index is None else index[i]]
+                    notes.append(("bad_value", f"metric {name!r} at step {step}: {describe(raw[i])} is not a number"))
+            parts.append((name, (index, values, mask)))
+        return parts
 
     def finish(self, now: float) -> StepBatch | None:
         """The batch of every entry added so far (``None`` when there were none)."""

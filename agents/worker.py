@@ -4,7 +4,12 @@ The training thread only appends to two deques; this thread drains them on a siz
 time trigger, encodes columnar envelopes into an :class:`Outbox` and publishes the
 outbox to JetStream in order, ``max_inflight`` messages per round trip. While the broker
 is away the outbox grows (memory, then spill file) and is replayed on reconnect; every
-message carries a ``Nats-Msg-Id`` so a resend after a lost ack is de-duplicated.
+message carries a ``Nats-Msg-Id`` so a resend after a lost ack is de-duplicated. The id
+holds a random per-process nonce, so no other client can predict it and shadow a message.
+
+No value and no failure ends this thread: what cannot be packed, encoded or held is
+dropped and counted by reason (the first few are logged by name), an unexpected exception
+is logged once per kind, and the loop goes on.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,11 +40,14 @@ from trainvigil.schemas import (
     encode,
     run_token,
 )
+from trainvigil.schemas.limits import MAX_NAME
 from trainvigil.schemas.subjects import Kind
 
+from ._drops import Drops
+from ._values import as_step, describe, wire_text
 from .columnar import Entry, StepBatchBuilder, split_step_batch
 from .options import AgentOptions
-from .outbox import Outbox, OutMsg
+from .outbox import Outbox, OutMsg, SpillError
 
 log = logging.getLogger("trainvigil.agent")
 
@@ -63,17 +72,18 @@ class Worker:
         source: Source,
         steps: deque[Entry],
         records: deque[Record],
-        hot_drops: Callable[[], Counter[str]],
-        last_step: Callable[[], int | None],
+        drops: Drops,
+        last_step: Callable[[], Any],
     ) -> None:
         self.options = options
         self.source = source
         self._steps = steps
         self._records = records
-        self._hot_drops = hot_drops
+        self.drops = drops
         self._last_step = last_step
-        self.drops: Counter[str] = Counter()
         self._seq = 0
+        # Unpredictable message ids; a worker made after fork draws its own.
+        self._id_prefix = f"{source.run_id}/{source.rank}/{source.host}/{source.pid}/{secrets.token_hex(8)}"
         self._outbox = Outbox(
             options.max_memory_bytes,
             options.spill_dir / f"{self._spill_name()}.spill",
@@ -89,6 +99,7 @@ class Worker:
         self._reported_drops = 0
         self._last_report = 0.0
         self._last_error = ""
+        self._failures: set[str] = set()
         self.thread = threading.Thread(target=self._thread_main, name="trainvigil-agent", daemon=True)
 
     def _spill_name(self) -> str:
@@ -100,31 +111,30 @@ class Worker:
         self.thread.start()
 
     def request_close(self, timeout: float, status: str) -> None:
-        self._end_status = status
+        self._end_status = wire_text(str(status), MAX_NAME)
         self._deadline = time.monotonic() + timeout
         self._closing.set()
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot for ``Agent.stats()``; values are read without locks (approximate)."""
+        """A snapshot for ``Agent.stats()``, safe from any thread: the drop counts are read
+        under their lock, the rest are plain numbers the worker replaces (approximate)."""
         return {
             "connected": self._connected,
             "delivered_events": self.delivered_events,
             "pending_events": self._outbox.pending_events,
             "spilled_bytes": self._outbox.spilled_bytes,
-            "dropped": dict(self.all_drops()),
+            "dropped": self.drops.snapshot(),
             "last_error": self._last_error,
         }
-
-    def all_drops(self) -> Counter[str]:
-        return self.drops + self._hot_drops()
 
     # ---- the thread ----------------------------------------------------------------------
 
     def _thread_main(self) -> None:
         try:
             asyncio.run(self._main())
-        except Exception:  # never let the thread die silently; the training loop is unaffected
-            log.exception("trainvigil agent worker crashed; metrics from now on are dropped")
+        except Exception as exc:  # unreachable by design (every step below catches); counted if not
+            self._failed("running the agent thread", exc, "worker_error", 1)
+            log.critical("trainvigil: the agent thread stopped; metrics from now on are dropped")
 
     async def _main(self) -> None:
         connector = asyncio.create_task(self._connect())
@@ -134,16 +144,22 @@ class Worker:
         try:
             while not self._closing.is_set():
                 now = time.monotonic()
-                if now >= next_flush or len(self._steps) >= self.options.batch_size or self._records:
-                    await self._collect()
-                    next_flush = now + self.options.flush_interval
-                if now >= next_heartbeat:
-                    self._push_records([self._heartbeat()])
-                    next_heartbeat = now + self.options.heartbeat_interval
-                self._report_drops()
+                try:
+                    if now >= next_flush or len(self._steps) >= self.options.batch_size or self._records:
+                        next_flush = now + self.options.flush_interval
+                        await self._collect()
+                    if now >= next_heartbeat:
+                        next_heartbeat = now + self.options.heartbeat_interval
+                        self._push_records([self._heartbeat()])
+                    self._report_drops()
+                except Exception as exc:
+                    self._failed("running the agent loop", exc, "worker_error", 1)
                 await asyncio.sleep(_POLL)
-            await self._collect()
-            self._push_records([self._run_end()])
+            try:
+                await self._collect()
+                self._push_records([self._run_end()])
+            except Exception as exc:
+                self._failed("flushing at close", exc, "worker_error", 1)
             while len(self._outbox) and time.monotonic() < self._deadline:
                 await asyncio.sleep(_POLL)
         finally:
@@ -155,7 +171,7 @@ class Worker:
     def _finish(self) -> None:
         lost = self._outbox.pending_events
         if lost:
-            self.drops["close_timeout"] += lost
+            self.drops.add("close_timeout", lost)
             log.warning(
                 "trainvigil: %d events not delivered before close() deadline (broker %s unreachable?)",
                 lost,
@@ -163,6 +179,23 @@ class Worker:
             )
             self._outbox.discard_spill()
         self._report_drops(force=True)
+
+    def _failed(self, doing: str, exc: BaseException, reason: str = "", lost: int = 0) -> None:
+        """An unexpected exception: counted (``lost`` events for ``reason``), kept as
+        ``last_error``, logged with its traceback the first time this kind happens."""
+        self.drops.add(reason, lost)
+        self._last_error = f"{doing}: {exc!r}"
+        kind = f"{doing}/{type(exc).__name__}"
+        if kind not in self._failures:
+            self._failures.add(kind)
+            log.error(
+                "trainvigil: unexpected error %s; %d events dropped [%s], the agent goes on "
+                "(logged once per kind; please report it)",
+                doing,
+                lost,
+                reason or "none",
+                exc_info=exc,
+            )
 
     async def _close_connection(self) -> None:
         if self._nc is not None:
@@ -179,67 +212,115 @@ class Worker:
             builder = StepBatchBuilder()
             while remaining and builder.rows < self.options.batch_size:
                 take = min(remaining, _CHUNK, self.options.batch_size - builder.rows)
-                builder.add([steps.popleft() for _ in range(take)])
+                self._add(builder, [steps.popleft() for _ in range(take)])
                 remaining -= take
                 await asyncio.sleep(0)
-            self.drops.update(builder.dropped)
-            batch = builder.finish(time.time())
-            if batch is not None:
-                self._push_steps(batch)
+            self.drops.merge(builder.dropped, builder.notes)
+            try:
+                batch = builder.finish(time.time())
+                if batch is not None:
+                    self._push_steps(batch)
+            except Exception as exc:
+                self._failed("packing or encoding steps", exc, "encode_error", builder.rows)
         records = []
         while self._records:
             records.append(self._records.popleft())
         if records:
             self._push_records(records)
 
-    def _push_steps(self, batch: StepBatch) -> None:
-        subject = data_subject(self.source.run_id, "metrics")
-        payload = self._encode([batch])
-        if len(payload) <= _MAX_PAYLOAD:
-            self._push(subject, payload, len(batch.step) // 8)
+    def _add(self, builder: StepBatchBuilder, chunk: list[Entry]) -> None:
+        """``builder.add(chunk)``; if that fails, entry by entry, so only the culprits are lost."""
+        try:
+            builder.add(chunk)
             return
-        for part in split_step_batch(batch, len(payload) // _MAX_PAYLOAD + 1):
-            self._push(subject, self._encode([part]), len(part.step) // 8)
+        except Exception as exc:
+            self._failed("packing steps", exc)
+        for entry in chunk:
+            try:
+                builder.add([entry])
+            except Exception:
+                self.drops.add("build_error", note=f"the log() call for step {describe(entry[0])}")
+
+    def _push_steps(self, batch: StepBatch) -> None:
+        """One message for ``batch``, or several when it is larger than the broker takes."""
+        payload = self._encode([batch])
+        rows = len(batch.step) // 8
+        if len(payload) <= _MAX_PAYLOAD:
+            self._push(data_subject(self.source.run_id, "metrics"), payload, rows)
+        elif rows == 1:
+            step = int.from_bytes(batch.step, "little", signed=True)
+            self.drops.add("too_large", note=f"step {step} with {len(batch.columns)} metrics")
+        else:
+            for part in split_step_batch(batch, min(rows, len(payload) // _MAX_PAYLOAD + 1)):
+                self._push_steps(part)
 
     def _push_records(self, records: list[Record]) -> None:
         by_kind: dict[Kind, list[Record]] = {}
         for record in records:
             by_kind.setdefault(_KIND_OF.get(type(record), "run"), []).append(record)
         for kind, group in by_kind.items():
-            self._push(data_subject(self.source.run_id, kind), self._encode(group), len(group))
+            self._push_group(data_subject(self.source.run_id, kind), group)
+
+    def _push_group(self, subject: str, group: list[Record]) -> None:
+        """One message for ``group``; halves when it cannot be encoded or is too large, down to
+        the single record at fault, which is dropped and named."""
+        try:
+            payload = self._encode(group)
+        except Exception as exc:
+            if len(group) == 1:
+                self._failed("encoding a record", exc)
+                self.drops.add("encode_error", note=_name(group[0]))
+                return
+            payload = b""
+        if payload and len(payload) <= _MAX_PAYLOAD:
+            self._push(subject, payload, len(group))
+        elif len(group) > 1:
+            half = len(group) // 2
+            self._push_group(subject, group[:half])
+            self._push_group(subject, group[half:])
+        else:
+            self.drops.add("too_large", note=f"{_name(group[0])} encodes to {len(payload)} bytes")
 
     def _encode(self, records: list[Record]) -> bytes:
         self._seq += 1
         return encode(Envelope(source=self.source, seq=self._seq, records=records))
 
     def _push(self, subject: str, payload: bytes, events: int) -> None:
-        msg_id = f"{self.source.run_id}/{self.source.rank}/{self.source.host}/{self.source.pid}/{self._seq}"
-        if not self._outbox.push(OutMsg(subject, msg_id, payload, events)):
-            self.drops["spill_full"] += events
+        # The id is fixed here and stored with the message, so every resend carries the same one.
+        msg = OutMsg(subject, f"{self._id_prefix}/{self._seq}", payload, events)
+        try:
+            held = self._outbox.push(msg)
+        except Exception as exc:  # the spill file cannot be written (disk full, permissions)
+            self._failed("spilling to disk", exc, "spill_error", events)
+            return
+        if not held:
+            self.drops.add("spill_full", events)
 
     def _heartbeat(self) -> Heartbeat:
         return Heartbeat(
             time=time.time(),
-            last_step=self._last_step(),
+            last_step=as_step(self._last_step()),
             buffered=len(self._steps) + self._outbox.pending_events,
             spilled_bytes=self._outbox.spilled_bytes,
             connected=self._connected,
-            dropped=dict(self.all_drops()),
+            dropped=self.drops.snapshot(),
         )
 
     def _run_end(self) -> RunEnd:
         return RunEnd(
             time=time.time(),
             status=self._end_status,
-            last_step=self._last_step(),
-            dropped=dict(self.all_drops()),
+            last_step=as_step(self._last_step()),
+            dropped=self.drops.snapshot(),
         )
 
     def _report_drops(self, force: bool = False) -> None:
-        total = sum(self.all_drops().values())
+        for note in self.drops.take_notes():
+            log.warning("trainvigil: dropped %s", note)
+        total = self.drops.total()
         now = time.monotonic()
         if total > self._reported_drops and (force or now - self._last_report > 10.0):
-            log.warning("trainvigil: %d events dropped so far %s", total, dict(self.all_drops()))
+            log.warning("trainvigil: %d events dropped so far %s", total, self.drops.snapshot())
             self._reported_drops = total
             self._last_report = now
 
@@ -291,11 +372,19 @@ class Worker:
             if js is None or not self._connected or not len(self._outbox):
                 await asyncio.sleep(_POLL)
                 continue
-            msgs = self._outbox.peek(self.options.max_inflight)
-            acked = await self._publish_round(js, msgs)
-            self._outbox.pop(acked)
-            self.delivered_events += sum(m.events for m in msgs[:acked])
-            if acked < len(msgs):
+            try:
+                msgs = self._outbox.peek(self.options.max_inflight)
+                acked = await self._publish_round(js, msgs)
+                self._outbox.pop(acked)
+                self.delivered_events += sum(m.events for m in msgs[:acked])
+                stalled = acked < len(msgs)
+            except SpillError as exc:
+                self._failed("reading the spill file back", exc, "spill_error", exc.events)
+                continue
+            except Exception as exc:  # the messages stay in the outbox and are tried again
+                self._failed("publishing", exc)
+                stalled = True
+            if stalled:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
             else:
@@ -325,3 +414,11 @@ class Worker:
                 break
             acked += 1
         return acked
+
+
+def _name(record: Record) -> str:
+    """How a dropped record is named in the log: an event by its kind, and the step where there is one."""
+    kind = getattr(record, "kind", None)
+    step = getattr(record, "step", None)
+    name = type(record).__name__ if kind is None else f"event {kind!r}"
+    return name if step is None else f"{name} at step {step}"
