@@ -12,13 +12,15 @@ import nats.errors
 import structlog
 from anyio.abc import TaskStatus
 
+from trainvigil.errors import ConfigError
+
 from .alerts import Alerts
 from .config import DaemonConfig
 from .http import serve_http
 from .ingest import Ingest
 from .jetstream import ensure_stream
 from .metrics import DaemonMetrics
-from .natsserver import port_open, supervise
+from .natsserver import BrokerUnavailableError, port_open, speaks_nats, supervise
 from .responder import serve_queries
 from .store import Store
 
@@ -26,27 +28,105 @@ log = structlog.get_logger("trainvigil.daemon")
 
 
 async def _resolve_broker(config: DaemonConfig, tg: anyio.abc.TaskGroup) -> str:
+    """``nats_url``, else the NATS server on 127.0.0.1:``embedded_port``, else the bundled one started there.
+
+    Raises:
+        ConfigError: something that is not a NATS server holds the embedded port.
+        BrokerUnavailableError: the bundled nats-server did not start.
+    """
     if config.nats_url:
         return config.nats_url
-    if port_open("127.0.0.1", config.embedded_port):
-        url = f"nats://127.0.0.1:{config.embedded_port}"
+    host, port = "127.0.0.1", config.embedded_port
+    if port_open(host, port):
+        url = f"nats://{host}:{port}"
+        if not await anyio.to_thread.run_sync(speaks_nats, host, port, min(2.0, config.connect_timeout_s)):
+            raise ConfigError(
+                f"embedded_port: {host}:{port} is held by a program that is not a NATS server; stop it, "
+                "pass --embedded-port with a free port, or --nats with your broker's URL",
+                key="embedded_port",
+            )
         log.info("nats_found", url=url)
         return url
     store_dir = Path(config.data_dir) / "jetstream"
-    embedded: str = await tg.start(supervise, config.embedded_port, store_dir)
+    embedded: str = await tg.start(supervise, port, store_dir)
     return embedded
 
 
-async def _with_retries(call: Callable[[], Awaitable[object]], attempts: int = 20) -> None:
-    """Start-up calls to a broker that may be (re)starting: retry for a while, then give up loudly."""
-    for attempt in range(attempts):
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no answer"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> nats.NATS:
+    """A client that reconnects for ever once connected; the first connection gets ``connect_timeout_s``.
+
+    Raises:
+        BrokerUnavailableError: no NATS server answered at ``url`` in time.
+    """
+    last_error: BaseException | None = None
+
+    async def connected() -> None:
+        metrics.broker_connected = True
+
+    async def disconnected() -> None:
+        metrics.broker_connected = False
+
+    async def quiet_error(exc: Exception) -> None:
+        nonlocal last_error
+        last_error = exc
+        log.debug("nats_error", error=repr(exc))
+
+    nc = nats.NATS()
+    with anyio.move_on_after(config.connect_timeout_s):
         try:
-            await call()
+            await nc.connect(
+                url,
+                name="trainvigil-daemon",
+                max_reconnect_attempts=-1,
+                # nats-py annotates these as int; it takes seconds as float.
+                reconnect_time_wait=0.25,  # type: ignore[arg-type]
+                connect_timeout=min(2.0, config.connect_timeout_s),  # type: ignore[arg-type]
+                reconnected_cb=connected,
+                disconnected_cb=disconnected,
+                error_cb=quiet_error,
+            )
+        except (OSError, nats.errors.Error) as exc:
+            last_error = exc
+    if not nc.is_connected:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+        raise BrokerUnavailableError(
+            f"no NATS server answered at {url} within {config.connect_timeout_s:g} s ({_describe(last_error)}); "
+            "start the broker or fix --nats/VIGIL_NATS_URL (VIGIL_CONNECT_TIMEOUT_S sets the wait)",
+            url=url,
+        )
+    metrics.broker_connected = True
+    return nc
+
+
+async def _with_retries(call: Callable[[], Awaitable[object]], url: str, deadline_s: float) -> None:
+    """Start-up calls to a broker that may be (re)starting: retry until ``deadline_s``, then give up loudly.
+
+    Raises:
+        BrokerUnavailableError: the broker kept failing the call (no JetStream, or not ready).
+    """
+    give_up = anyio.current_time() + deadline_s
+    attempt = 0
+    while True:
+        try:
+            with anyio.fail_after(max(0.1, give_up - anyio.current_time())):
+                await call()
             return
         except (nats.errors.Error, TimeoutError) as exc:
-            if attempt == attempts - 1:
-                raise
-            log.warning("broker_not_ready", error=repr(exc), attempt=attempt + 1)
+            attempt += 1
+            if anyio.current_time() + 0.5 >= give_up:
+                raise BrokerUnavailableError(
+                    f"the NATS server at {url} did not set up the stream within {deadline_s:g} s "
+                    f"({_describe(exc)}); is JetStream enabled (nats-server -js)?",
+                    url=url,
+                ) from None
+            log.warning("broker_not_ready", error=repr(exc), attempt=attempt)
             await anyio.sleep(0.5)
 
 
@@ -73,34 +153,16 @@ async def serve(
     everything else is cancelled.
     """
     metrics = DaemonMetrics()
-    store = Store(config.db_path, config.stream.consumer, config.stream.name)
+    store = Store(
+        config.db_path, config.stream.consumer, config.stream.name, min_free_bytes=config.store.min_free_bytes
+    )
     try:
         async with anyio.create_task_group() as tg:
             url = await _resolve_broker(config, tg)
-
-            async def connected() -> None:
-                metrics.broker_connected = True
-
-            async def disconnected() -> None:
-                metrics.broker_connected = False
-
-            async def quiet_error(exc: Exception) -> None:
-                log.debug("nats_error", error=repr(exc))
-
-            nc = await nats.connect(
-                url,
-                name="trainvigil-daemon",
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                connect_timeout=2,
-                reconnected_cb=connected,
-                disconnected_cb=disconnected,
-                error_cb=quiet_error,
-            )
-            metrics.broker_connected = True
+            nc = await _connect(url, config, metrics)
             try:
                 js = nc.jetstream()
-                await _with_retries(lambda: ensure_stream(js, config.stream))
+                await _with_retries(lambda: ensure_stream(js, config.stream), url, config.connect_timeout_s)
                 if config.http_port:
                     await tg.start(serve_http, config.http_host, config.http_port, metrics)
                 await tg.start(serve_queries, nc, store, config, metrics)

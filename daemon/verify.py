@@ -1,7 +1,7 @@
 """``vigil verify PATH``: check a checkpoint against the manifest written beside it.
 
-Exit codes: 0 the content matches; 1 it does not (the differing tensors are listed) or the
-file cannot be read; 2 there is no manifest; 3 torch is not installed. Needs only the
+Exit codes: 0 the content matches; 1 it does not (the differing tensors are listed), or the
+file is missing or cannot be read; 2 there is no manifest; 3 torch is not installed. Needs only the
 agent install and torch (no daemon extra).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_NO_MANIFEST, EXIT_NO_TORCH = 0, 1, 2, 3
 
@@ -30,6 +31,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    if not Path(args.path).is_file():  # before torch: a wrong path needs no torch to say so
+        what = "is not a file" if Path(args.path).exists() else "does not exist"
+        print(f"vigil verify: {args.path} {what}; check the path to the checkpoint", file=sys.stderr)
+        return EXIT_MISMATCH
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -57,9 +57,10 @@ class NatsServer:
 class Daemon:
     """``vigil up`` as a real process against a given broker and data directory."""
 
-    def __init__(self, nats_url: str, data_dir: Path, *extra: str) -> None:
+    def __init__(self, nats_url: str, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.nats_url = nats_url
         self.data_dir = data_dir
+        self.env = env or {}
         self.http_port = free_port()
         self.extra = extra
         self.process: subprocess.Popen[bytes] | None = None
@@ -84,7 +85,7 @@ class Daemon:
                 ],
                 stdout=log,
                 stderr=log,
-                env={**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000"},
+                env={**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000", **self.env},
             )
         wait_for(self._answers, 30, "the daemon to answer queries")
 

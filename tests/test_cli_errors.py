@@ -1,0 +1,240 @@
+"""Every way `vigil up`, `sql`, `replay` and `verify` commonly fail: one line on stderr with the documented
+exit code, naming the problem, in bounded time; never a traceback, never a silent hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+import structlog
+from support import free_port
+from trainvigil.daemon.natsserver import supervise
+from trainvigil.daemon.store import Store
+
+BOUND_S = 30.0
+"""No case may take longer (the unreachable broker waits VIGIL_CONNECT_TIMEOUT_S=2)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    argv: list[str]
+    code: int
+    names: list[str]
+    """What the one line must contain: the URL, port, path or key at fault, or what to do."""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Setting:
+    """What a case needs around it: free or held ports, a broker, a data directory someone holds."""
+
+    def __init__(self, tmp: Path, request: pytest.FixtureRequest) -> None:
+        self.tmp = tmp
+        self.request = request
+        self.closed = free_port()
+        self._cleanups: list[Callable[[], object]] = []
+
+    def held_port(self) -> int:
+        """A port another program listens on; it accepts connections and never says a word."""
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        self._cleanups.append(sock.close)
+        return int(sock.getsockname()[1])
+
+    def broker(self) -> str:
+        return str(self.request.getfixturevalue("nats_server").url)
+
+    def unreachable(self) -> str:
+        return f"nats://127.0.0.1:{self.closed}"
+
+    def database(self) -> Path:
+        """A data directory with a database and no daemon."""
+        data = self.tmp / "data"
+        Store(data / "vigil.duckdb").close()
+        return data
+
+    def held_database(self) -> Path:
+        """A data directory whose database another process holds, as a running daemon does."""
+        data = self.database()
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, time; from pathlib import Path; from trainvigil.daemon.store import Store; "
+                "store = Store(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
+                str(data / "vigil.duckdb"),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        self._cleanups.append(lambda: (holder.kill(), holder.wait(), holder.stdout and holder.stdout.close()))
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        return data
+
+    def close(self) -> None:
+        for cleanup in reversed(self._cleanups):
+            cleanup()
+
+
+def _write(path: Path, data: str | bytes) -> Path:
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data)
+    return path
+
+
+CASES: dict[str, Callable[[Setting], Case]] = {
+    "up: broker unreachable": lambda s: Case(
+        ["up", "--nats", s.unreachable(), "--data-dir", str(s.tmp / "d"), "--http-port", "0"],
+        3,
+        [s.unreachable(), "within 2 s"],
+    ),
+    "up: malformed broker URL": lambda s: Case(["up", "--nats", "garbage", "--data-dir", str(s.tmp)], 2, ["'garbage'"]),
+    "up: embedded port held by a program that is not NATS": lambda s: Case(
+        ["up", "--embedded-port", str(port := s.held_port()), "--data-dir", str(s.tmp / "d"), "--http-port", "0"],
+        2,
+        [f"127.0.0.1:{port}", "--embedded-port"],
+    ),
+    "up: HTTP port in use": lambda s: Case(
+        ["up", "--nats", s.broker(), "--data-dir", str(s.tmp / "d"), "--http-port", str(port := s.held_port())],
+        2,
+        [f"127.0.0.1:{port}", "--http-port"],
+    ),
+    "up: a daemon holds the data dir": lambda s: Case(
+        ["up", "--nats", s.broker(), "--data-dir", str(data := s.held_database()), "--http-port", "0"],
+        2,
+        [str(data), "--data-dir"],
+    ),
+    "up: data dir is a file": lambda s: Case(
+        ["up", "--data-dir", str(path := _write(s.tmp / "file", "x")), "--http-port", "0"], 2, [str(path)]
+    ),
+    "up: data dir cannot be created": lambda s: Case(
+        ["up", "--data-dir", str(path := _write(s.tmp / "file", "x") / "sub"), "--http-port", "0"], 2, [str(path)]
+    ),
+    "up: fetch_batch < 1": lambda s: Case(["up"], 2, ["fetch_batch", "-1"], {"VIGIL_FETCH_BATCH": "-1"}),
+    "up: port out of range": lambda s: Case(["up", "--http-port", "70000"], 2, ["http_port", "70000"]),
+    "up: connect timeout 0": lambda s: Case(["up"], 2, ["connect_timeout_s"], {"VIGIL_CONNECT_TIMEOUT_S": "0"}),
+    "sql: a daemon on another broker holds the file": lambda s: Case(
+        ["sql", "select 1", "--nats", s.unreachable(), "--data-dir", str(data := s.held_database())],
+        3,
+        [str(data / "vigil.duckdb"), "--nats", "--config"],
+    ),
+    "sql: answered from the file, and says so": lambda s: Case(
+        ["sql", "select 1", "--nats", s.unreachable(), "--data-dir", str(data := s.database())],
+        0,
+        [s.unreachable(), f"answered from {data / 'vigil.duckdb'}"],
+    ),
+    "sql: --config names the broker and data dir": lambda s: Case(
+        [
+            "sql",
+            "select 1",
+            "--config",
+            str(_write(s.tmp / "vigil.toml", f'nats_url = "{s.unreachable()}"\ndata_dir = "{s.database()}"\n')),
+        ],
+        0,
+        [s.unreachable(), str(s.tmp / "data" / "vigil.duckdb")],
+    ),
+    "replay: header-only CSV": lambda s: Case(
+        ["replay", str(path := _write(s.tmp / "h.csv", "run_id,rank,step,loss\n"))], 2, [str(path), "no rows"]
+    ),
+    "replay: binary JSON lines": lambda s: Case(
+        ["replay", str(path := _write(s.tmp / "b.jsonl", bytes(range(128, 256))))], 2, [str(path), "jsonl"]
+    ),
+    "replay: no alerts, and says so": lambda s: Case(
+        ["replay", str(path := _write(s.tmp / "ok.csv", "run_id,rank,step,loss\nr,0,1,1.0\nr,0,2,0.9\n"))],
+        0,
+        ["no alerts", str(path)],
+    ),
+    "verify: missing file": lambda s: Case(
+        ["verify", str(path := s.tmp / "missing.pt")], 1, [str(path), "does not exist"]
+    ),
+}
+
+
+@pytest.fixture
+def setting(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Setting]:
+    s = Setting(tmp_path, request)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_failure_is_one_line_with_the_documented_exit_code(name: str, setting: Setting) -> None:
+    case = CASES[name](setting)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    # Nothing here may touch the default broker port 4222 (a developer's daemon may run there).
+    env.update({"VIGIL_CONNECT_TIMEOUT_S": "2", "VIGIL_EMBEDDED_PORT": str(setting.closed), **case.env})
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", *case.argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=setting.tmp,
+        timeout=BOUND_S,
+    )
+    took = time.monotonic() - started
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == case.code, done.stderr[-3000:]
+    # Log lines (JSON: stderr is not a terminal) may come before; the message is the one other line.
+    logs = [line for line in done.stderr.splitlines() if line.startswith("{")]
+    for line in logs:
+        json.loads(line)
+    said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
+    assert len(said) == 1 and said[0].startswith("vigil"), done.stderr
+    for part in case.names:
+        assert part in said[0], said[0]
+    assert took < BOUND_S
+
+
+def test_version_prints_the_package_version() -> None:
+    from trainvigil import __version__
+
+    done = subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == f"vigil {__version__}", done
+
+
+def test_stdlib_log_records_come_out_as_the_same_json_lines() -> None:
+    """nats-py logs through stdlib logging: its lines are JSON like the daemon's own, not plain text."""
+    code = (
+        "import logging, structlog; from trainvigil.daemon.logs import configure; configure('json'); "
+        "structlog.get_logger().info('ours'); logging.getLogger('nats.aio.client').error('theirs %s', 1); "
+        "logging.getLogger('nats.aio.client').info('below warning: dropped')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    ours, theirs = (json.loads(line) for line in done.stderr.splitlines())
+    assert ours["event"] == "ours" and ours["level"] == "info"
+    assert theirs == {**theirs, "event": "theirs 1", "level": "error", "logger": "nats.aio.client"}
+    assert set(ours) - {"event"} <= set(theirs), "same keys: level, timestamp"
+
+
+def test_nats_server_stopped_from_outside_is_info_not_error_and_restarts(tmp_path: Path) -> None:
+    async def main() -> list[dict[str, object]]:
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                await tg.start(supervise, free_port(), tmp_path / "js")
+                (first,) = [e["pid"] for e in logs if e["event"] == "nats_server_started"]
+                os.kill(int(first), signal.SIGTERM)  # nats-server exits 0 on SIGTERM
+                with anyio.fail_after(20):
+                    while len([e for e in logs if e["event"] == "nats_server_started"]) < 2:
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+        return logs
+
+    logs = anyio.run(main)
+    exited = [e for e in logs if e["event"] == "nats_server_exited"]
+    assert exited and exited[0]["code"] == 0 and exited[0]["log_level"] == "info", logs
+    assert [e["event"] for e in logs][-1] == "nats_server_stopped", "stopped with the task group"
