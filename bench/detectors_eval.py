@@ -361,8 +361,8 @@ def _with(config: DaemonConfig, detector: str, key: str, value: str) -> DaemonCo
     return msgspec.structs.replace(config, detectors=msgspec.structs.replace(config.detectors, **{detector: settings}))
 
 
-def _alone(cls: type[Any], settings: msgspec.Struct) -> list[Any]:
-    return [cls(settings)]
+def _alone(cls: type[Any], settings: msgspec.Struct) -> detectors.Detectors:
+    return detectors.Detectors([cls(settings)])
 
 
 def calibrate(config: DaemonConfig, sweeps: list[Sweep], plan: Plan, chunk: int) -> DaemonConfig:

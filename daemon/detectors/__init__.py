@@ -1,22 +1,23 @@
 """Streaming anomaly detectors: the seam between decoding and storing.
 
-A detector is a small class: settings (a msgspec Struct, ``Settings``) in ``__init__``,
-work in ``__call__``, which sees every decoded batch once, in stream order, and returns
-the alert updates it raises (see :class:`~._base.Episodes`). State is per (run, rank)
-with bounded memory. Adding one means one module and one line in ``REGISTRY``; its
+A detector is a small class: settings (a :class:`DetectorSettings` subclass, ``Settings``)
+in ``__init__``, work in ``__call__``, which sees every decoded batch once, in stream order,
+and returns the alert updates it raises (see :class:`~._base.Episodes`). State is per
+(run, rank) with bounded memory, dropped when ``run_all`` says a stream or run is over
+(``forget``, ``forget_run``). Adding one means one module and one line in ``REGISTRY``; its
 settings then appear in the daemon configuration as ``[detectors.<name>]`` (TOML) and
-``VIGIL_DETECTORS_<NAME>_<KEY>`` (environment).
+``VIGIL_DETECTORS_<NAME>_<KEY>`` (environment), ``enabled = false`` leaving it out.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
-from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import Detector, Episodes, Finding, StreamDetector
+from ._base import Detector, DetectorSettings, Episodes, Finding, StreamDetector
+from ._isolation import DetectorFailures, select_runs
+from ._runner import Detectors, run_all
 from .ckpt_mismatch import CkptMismatch
 from .gil_contention import GilContention
 from .grad_spike import GradSpike
@@ -31,7 +32,20 @@ from .straggler import Straggler
 if TYPE_CHECKING:
     from ..config import DaemonConfig
 
-__all__ = ["REGISTRY", "Detector", "DetectorsConfig", "Episodes", "Finding", "StreamDetector", "build", "run_all"]
+__all__ = [
+    "REGISTRY",
+    "Detector",
+    "DetectorFailures",
+    "DetectorSettings",
+    "Detectors",
+    "DetectorsConfig",
+    "Episodes",
+    "Finding",
+    "StreamDetector",
+    "build",
+    "run_all",
+    "select_runs",
+]
 
 REGISTRY: list[type[Any]] = [
     NonFinite,
@@ -49,30 +63,21 @@ REGISTRY: list[type[Any]] = [
 
 DetectorsConfig: type[msgspec.Struct] = msgspec.defstruct(
     "DetectorsConfig",
-    [(d.name, d.Settings, msgspec.field(default_factory=d.Settings)) for d in REGISTRY],
+    [
+        # Shared by every detector: a stream silent this long is over (it never sent run_end).
+        ("idle_forget_s", Annotated[float, msgspec.Meta(gt=0)], 3600.0),
+        *[(d.name, d.Settings, msgspec.field(default_factory=d.Settings)) for d in REGISTRY],
+    ],
     frozen=True,
     forbid_unknown_fields=True,
     module=__name__,
 )
-"""One table of settings per registered detector (``detectors.grad_spike.warn_z`` ...)."""
+"""``[detectors]``: ``idle_forget_s``, then one table of settings per registered detector
+(``detectors.grad_spike.warn_z`` ...)."""
 
 
-def build(config: DaemonConfig) -> list[Detector]:
-    """A fresh instance of every registered detector with its configured settings."""
-    return [d(getattr(config.detectors, d.name)) for d in REGISTRY]
-
-
-def run_all(detectors: list[Detector], batch: IngestBatch) -> list[Anomaly]:
-    """Every detector's anomalies for ``batch``, in registry order.
-
-    A stream that ended cleanly (``run_end``) has its per-stream state dropped afterwards, so
-    a long-lived daemon's memory follows the live runs, not every run it has ever seen.
-    """
-    found: list[Anomaly] = []
-    for detector in detectors:
-        found.extend(detector(batch))
-    for source, _end in batch.run_ends:
-        for detector in detectors:
-            if isinstance(detector, StreamDetector):
-                detector.forget((source.run_id, source.rank))
-    return found
+def build(config: DaemonConfig) -> Detectors:
+    """A fresh instance of every enabled detector with its configured settings."""
+    tables: Any = config.detectors  # built by defstruct: its fields are not known statically
+    chosen = [(d, getattr(tables, d.name)) for d in REGISTRY]
+    return Detectors((d(settings) for d, settings in chosen if settings.enabled), idle_forget_s=tables.idle_forget_s)

@@ -9,7 +9,9 @@ One incident is one *episode*, not a storm: the first flagged step opens it (one
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -24,13 +26,33 @@ NONE, WARN, PAGE = 0, 1, 2
 SEVERITY_NAMES = {WARN: "warn", PAGE: "page"}
 
 
+class DetectorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What every detector's settings have; subclasses repeat ``frozen=True, forbid_unknown_fields=True``."""
+
+    enabled: bool = True
+    """False: :func:`~trainvigil.daemon.detectors.build` leaves the detector out."""
+
+
 class Detector(Protocol):
-    """A detector: settings in ``__init__``, work in ``__call__``; state per (run, rank), bounded."""
+    """A detector: settings in ``__init__``, work in ``__call__``; state per (run, rank), bounded.
+
+    ``run_all`` tells it when to let go: :meth:`forget` once a stream ended (``run_end``) or
+    went idle, :meth:`forget_run` once every stream of a run did.
+    """
 
     name: ClassVar[str]
-    Settings: ClassVar[type[msgspec.Struct]]
+    Settings: ClassVar[type[DetectorSettings]]
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]: ...
+
+    def forget(self, key: StreamKey) -> None:
+        """Drop everything kept about one (run, rank) stream, open episodes included."""
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop what is kept about a run across its ranks (its streams were forgotten already)."""
+
+    def tracked(self) -> int:
+        """How many streams, runs and open episodes the detector keeps state for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +83,24 @@ def _num(x: float | None) -> float | None:
     return None if x is None else float(x)
 
 
+_journal: ContextVar[list[Anomaly] | None] = ContextVar("trainvigil_detector_journal", default=None)
+
+
+@contextmanager
+def journaled() -> Iterator[list[Anomaly]]:
+    """Inside the block, every alert update an :class:`Episodes` emits is also appended to the list yielded.
+
+    A detector that raises half-way through a batch loses the list it was building; the
+    journal still holds the updates its episode machines went through, so they are not lost.
+    """
+    kept: list[Anomaly] = []
+    token = _journal.set(kept)
+    try:
+        yield kept
+    finally:
+        _journal.reset(token)
+
+
 class Episodes:
     """Open episodes of one detector, keyed by stream (or any key naming the culprit)."""
 
@@ -71,6 +111,13 @@ class Episodes:
 
     def is_open(self, key: StreamKey) -> bool:
         return key in self._open
+
+    def forget(self, key: StreamKey) -> None:
+        """Drop the episode of ``key`` without an update: its last one (in the store) stands."""
+        self._open.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._open)
 
     def scan(
         self,
@@ -158,7 +205,7 @@ class Episodes:
         )
 
     def _anomaly(self, key: StreamKey, episode: _Episode, state: str, time: float, finding: Finding) -> Anomaly:
-        return Anomaly(
+        anomaly = Anomaly(
             time=time,
             run_id=key[0],
             rank=key[1],
@@ -173,6 +220,10 @@ class Episodes:
             episode=episode.id,
             last_step=episode.last_step,
         )
+        journal = _journal.get()
+        if journal is not None:
+            journal.append(anomaly)
+        return anomaly
 
 
 class _Watermarked(Protocol):
@@ -186,24 +237,31 @@ MarkedT = TypeVar("MarkedT", bound=_Watermarked)
 class StreamDetector(Generic[StateT]):
     """A detector with one state per (run, rank) stream and one episode machine.
 
-    Subclasses set ``name`` and ``Settings`` (which has a ``cooldown``) and build a fresh
-    stream state in :meth:`new_state`.
+    Subclasses set ``name`` and ``Settings`` and build a fresh stream state in
+    :meth:`new_state`. Episodes clear after ``cooldown`` positions (default: ``settings.cooldown``).
     """
 
     name: ClassVar[str]
-    Settings: ClassVar[type[msgspec.Struct]]
+    Settings: ClassVar[type[DetectorSettings]]
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: Any, cooldown: int | None = None) -> None:
         self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown)
+        self.episodes = Episodes(self.name, settings.cooldown if cooldown is None else cooldown)
         self._streams: dict[StreamKey, StateT] = {}
 
     def new_state(self) -> StateT:
         raise NotImplementedError
 
     def forget(self, key: StreamKey) -> None:
-        """Drop a finished stream's state (its open episodes stay open until they clear)."""
+        """Drop a finished or idle stream's state and its open episode (whose last update stands)."""
         self._streams.pop(key, None)
+        self.episodes.forget(key)
+
+    def forget_run(self, run_id: str) -> None:
+        """Nothing is kept per run beyond its streams."""
+
+    def tracked(self) -> int:
+        return len(self._streams) + len(self.episodes)
 
     def state(self, key: StreamKey) -> StateT:
         state = self._streams.get(key)
@@ -213,7 +271,11 @@ class StreamDetector(Generic[StateT]):
 
 
 class MetricDetector(StreamDetector[MarkedT]):
-    """Judges one metric (``settings.metric``) per stream, each step once, in step order."""
+    """Judges one metric (``settings.metric``) per stream, each step once, in step order.
+
+    The watermark moves once the values are judged, so a batch judged again after ``judge``
+    raised raises again on the same stream (which is how ``run_all`` tells whose data it was).
+    """
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         out: list[Anomaly] = []
@@ -221,8 +283,8 @@ class MetricDetector(StreamDetector[MarkedT]):
             state = self.state(key)
             v = steps.metric(self.settings.metric).after(state.watermark)
             if len(v):
-                state.watermark = int(v.step[-1])
                 out.extend(self.judge(key, state, v))
+                state.watermark = int(v.step[-1])
         return out
 
     def judge(self, key: StreamKey, state: MarkedT, v: Values) -> list[Anomaly]:

@@ -13,8 +13,8 @@ positioned by their time in milliseconds (they have no step order of their own),
 later clean load clears the episode.
 
 Memory is bounded: at most ``max_pending_steps`` parity steps per run wait for ranks
-(the oldest are judged with what they have), and ``max_paths`` save digests are kept
-(least recently saved forgotten first).
+(the oldest are judged with what they have), a run's parity state goes once it ends or
+goes idle, and ``max_paths`` save digests are kept (least recently saved forgotten first).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import ClassVar
 
-import msgspec
 from trainvigil.schemas import Anomaly, CheckpointDigest, Source
 
 from ..decode import IngestBatch
-from ._base import PAGE, Episodes, Finding
+from ._base import PAGE, DetectorSettings, Episodes, Finding
+from ._series import StreamKey
 
 
-class CkptMismatchSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class CkptMismatchSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     wait_rounds: int = 2
     """Judge a parity step with the ranks present once this many later parity steps arrived."""
     max_pending_steps: int = 64
@@ -55,7 +55,7 @@ def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
 
 class CkptMismatch:
     name: ClassVar[str] = "ckpt_mismatch"
-    Settings: ClassVar[type[msgspec.Struct]] = CkptMismatchSettings
+    Settings: ClassVar[type[DetectorSettings]] = CkptMismatchSettings
 
     def __init__(self, settings: CkptMismatchSettings) -> None:
         self.settings = settings
@@ -65,6 +65,20 @@ class CkptMismatch:
         self._world: dict[str, int] = {}
         self._judged: dict[str, int] = {}
         self._saved: OrderedDict[str, _Seen] = OrderedDict()
+        """Save digests by path, shared by every run (a resumed run loads what an earlier one saved):
+        bounded by ``max_paths``, never forgotten with a run, not counted in :meth:`tracked`."""
+
+    def forget(self, key: StreamKey) -> None:
+        self.episodes.forget(key)
+        self.load_episodes.forget(key)
+
+    def forget_run(self, run_id: str) -> None:
+        self._parity.pop(run_id, None)
+        self._world.pop(run_id, None)
+        self._judged.pop(run_id, None)
+
+    def tracked(self) -> int:
+        return len(self._parity) + len(self._world) + len(self._judged) + len(self.episodes) + len(self.load_episodes)
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         out: list[Anomaly] = []

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
 from trainvigil.schemas import Anomaly, GilSample
 
 from ..decode import IngestBatch
-from ._base import PAGE, Episodes, Finding
-from ._series import StreamKey
+from ._base import PAGE, DetectorSettings, Finding, StreamDetector
 
 
-class GilContentionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class GilContentionSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     held_threshold: float = 0.7
     consecutive: int = 3
     cooldown: int = 3
@@ -47,15 +45,24 @@ def _message(sample: GilSample, periods: int) -> str:
     )
 
 
-class GilContention:
-    name: ClassVar[str] = "gil_contention"
-    Settings: ClassVar[type[msgspec.Struct]] = GilContentionSettings
+class _Stream:
+    __slots__ = ("contended", "latest", "period")
 
-    def __init__(self, settings: GilContentionSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown)
-        self._period: dict[StreamKey, int] = {}
-        self._run: dict[StreamKey, int] = {}
+    def __init__(self) -> None:
+        self.period = -1
+        """Position of the latest sample judged (the stream's period count)."""
+        self.contended = 0
+        """Contended periods in a row."""
+        self.latest = float("-inf")
+        """Time of the latest sample judged: one seen again (redelivered, or a batch judged again) is skipped."""
+
+
+class GilContention(StreamDetector[_Stream]):
+    name: ClassVar[str] = "gil_contention"
+    Settings: ClassVar[type[DetectorSettings]] = GilContentionSettings
+
+    def new_state(self) -> _Stream:
+        return _Stream()
 
     def contended(self, sample: GilSample) -> bool:
         return (
@@ -70,11 +77,15 @@ class GilContention:
             if not sample.gil_enabled:
                 continue
             key = (source.run_id, source.rank)
-            at = self._period[key] = self._period.get(key, -1) + 1
-            run = self._run[key] = self._run.get(key, 0) + 1 if self.contended(sample) else 0
-            if run >= self.settings.consecutive:
-                finding = Finding(sample.held, None, self.settings.held_threshold, _message(sample, run))
-                out.extend(self.episodes.flag(key, at, PAGE, sample.time, finding))
+            state = self.state(key)
+            if sample.time <= state.latest:
+                continue
+            state.latest = sample.time
+            state.period += 1
+            state.contended = state.contended + 1 if self.contended(sample) else 0
+            if state.contended >= self.settings.consecutive:
+                finding = Finding(sample.held, None, self.settings.held_threshold, _message(sample, state.contended))
+                out.extend(self.episodes.flag(key, state.period, PAGE, sample.time, finding))
             else:
-                out.extend(self.episodes.quiet(key, at, sample.time))
+                out.extend(self.episodes.quiet(key, state.period, sample.time))
         return out

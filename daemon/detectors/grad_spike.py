@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
-from ._base import PAGE, WARN, Finding, MetricDetector
+from ._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from ._robust import Window, robust_z, safe_log
 from ._series import StreamKey, Values
 
 
-class GradSpikeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class GradSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "grad_norm"
     window: int = 256
     warmup: int = 32
@@ -45,7 +44,7 @@ class _Stream:
 
 class GradSpike(MetricDetector[_Stream]):
     name: ClassVar[str] = "grad_spike"
-    Settings: ClassVar[type[msgspec.Struct]] = GradSpikeSettings
+    Settings: ClassVar[type[DetectorSettings]] = GradSpikeSettings
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)

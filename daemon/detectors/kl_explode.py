@@ -15,16 +15,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
-from ._base import PAGE, WARN, Finding, MetricDetector
+from ._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from ._robust import Window, consecutive, robust_z, safe_log
 from ._series import StreamKey, Values
 
 
-class KlExplodeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class KlExplodeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "kl"
     target: float = 0.0
     """The KL target of an adaptive-KL controller; 0 turns the target rule off."""
@@ -67,7 +66,7 @@ def _rolling_mean(x: np.ndarray, k: int) -> np.ndarray:
 
 class KlExplode(MetricDetector[_Stream]):
     name: ClassVar[str] = "kl_explode"
-    Settings: ClassVar[type[msgspec.Struct]] = KlExplodeSettings
+    Settings: ClassVar[type[DetectorSettings]] = KlExplodeSettings
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)

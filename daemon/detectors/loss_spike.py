@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
-from ._base import PAGE, WARN, Finding, MetricDetector
+from ._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from ._robust import Window, consecutive, robust_z, safe_log
 from ._series import StreamKey, Values
 
 
-class LossSpikeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "loss"
     window: int = 256
     warmup: int = 32
@@ -50,7 +49,7 @@ class _Stream:
 
 class LossSpike(MetricDetector[_Stream]):
     name: ClassVar[str] = "loss_spike"
-    Settings: ClassVar[type[msgspec.Struct]] = LossSpikeSettings
+    Settings: ClassVar[type[DetectorSettings]] = LossSpikeSettings
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)

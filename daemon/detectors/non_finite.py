@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import NONE, PAGE, Finding, StreamDetector
+from ._base import NONE, PAGE, DetectorSettings, Finding, StreamDetector
 from ._robust import consecutive
 from ._series import StreamKey, StreamSteps, streams
 
 
-class NonFiniteSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class NonFiniteSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metrics: tuple[str, ...] = ("loss", "grad_norm", "reward", "kl")
     consecutive_skips: int = 3
     cooldown: int = 50
@@ -44,7 +43,7 @@ class _Stream:
 
 class NonFinite(StreamDetector[_Stream]):
     name: ClassVar[str] = "non_finite"
-    Settings: ClassVar[type[msgspec.Struct]] = NonFiniteSettings
+    Settings: ClassVar[type[DetectorSettings]] = NonFiniteSettings
 
     def new_state(self) -> _Stream:
         return _Stream()

@@ -19,18 +19,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import PAGE, Finding, StreamDetector
+from ._base import PAGE, DetectorSettings, Finding, StreamDetector
 from ._series import StreamKey, StreamSteps, streams
 
 _NAMES = ("reward", "entropy", "kl", "response_len")
 
 
-class RewardHackSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class RewardHackSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     every: int = 10
     recent: int = 50
     early: int = 100
@@ -114,7 +113,7 @@ class _Windows:
 
 class RewardHack(StreamDetector[_Stream]):
     name: ClassVar[str] = "reward_hack"
-    Settings: ClassVar[type[msgspec.Struct]] = RewardHackSettings
+    Settings: ClassVar[type[DetectorSettings]] = RewardHackSettings
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import Episodes, Finding
-from ._series import StreamKey, streams
+from ._base import DetectorSettings, Finding, StreamDetector
+from ._series import streams
 from ._windows import Windows, severity_of
 
 
-class SlowdownSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class SlowdownSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "step_time"
     min_steps: int = 50
     min_seconds: float = 60.0
@@ -40,22 +39,21 @@ class _Stream:
         self.index = 0
 
 
-class Slowdown:
+class Slowdown(StreamDetector[_Stream]):
     name: ClassVar[str] = "slowdown"
-    Settings: ClassVar[type[msgspec.Struct]] = SlowdownSettings
+    Settings: ClassVar[type[DetectorSettings]] = SlowdownSettings
 
     def __init__(self, settings: SlowdownSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, settings.cooldown_windows)
-        self._streams: dict[StreamKey, _Stream] = {}
+        super().__init__(settings, settings.cooldown_windows)
+
+    def new_state(self) -> _Stream:
+        return _Stream(self.settings)
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         cfg = self.settings
         out: list[Anomaly] = []
         for key, steps in streams(batch).items():
-            state = self._streams.get(key)
-            if state is None:
-                state = self._streams[key] = _Stream(cfg)
+            state = self.state(key)
             v = steps.working(cfg.metric, state.watermark)
             if not len(v):
                 continue

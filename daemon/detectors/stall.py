@@ -5,6 +5,10 @@ interval, ``min_seconds``) pages (announced checkpoint/eval pauses do not count 
 intervals: heartbeats cover them); the episode clears as soon as steps resume. A rank that
 ended cleanly (``run_end``) never stalls; a new ``run_start`` makes it live again.
 
+A stream silent for longer than ``detectors.idle_forget_s`` is forgotten like every idle
+stream (its page stays open in the store with its last update), so that horizon should be
+well above the stall limit.
+
 Silence is measured on the daemon's clock (``batch.now``: when records arrived), so clock
 skew between hosts does not matter; step intervals come from the producer's own clock. In
 replay, where there is no wall clock, the latest record time seen stands in for now.
@@ -14,16 +18,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import PAGE, Episodes, Finding
-from ._series import StreamKey, streams
+from ._base import PAGE, DetectorSettings, Finding, StreamDetector
+from ._lifecycle import latest_time
+from ._series import streams
 
 
-class StallSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class StallSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     factor: float = 5.0
     min_seconds: float = 60.0
 
@@ -39,25 +43,27 @@ class _Stream:
         self.longest = 0.0
 
 
-class Stall:
+class Stall(StreamDetector[_Stream]):
+    """Streams are the live ones: a clean ``run_end`` removes its stream at once."""
+
     name: ClassVar[str] = "stall"
-    Settings: ClassVar[type[msgspec.Struct]] = StallSettings
+    Settings: ClassVar[type[DetectorSettings]] = StallSettings
 
     def __init__(self, settings: StallSettings) -> None:
-        self.settings = settings
-        self.episodes = Episodes(self.name, cooldown=1)
-        self._live: dict[StreamKey, _Stream] = {}
+        super().__init__(settings, cooldown=1)
         self._clock = float("-inf")
 
+    def new_state(self) -> _Stream:
+        return _Stream()
+
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        record_time = self._latest_record_time(batch)
-        self._clock = max(self._clock, batch.now if batch.now is not None else record_time)
+        self._clock = max(self._clock, batch.now if batch.now is not None else latest_time(batch))
         now = self._clock
         out: list[Anomaly] = []
         for source, _ in [*batch.run_starts, *batch.heartbeats]:
-            self._live.setdefault((source.run_id, source.rank), _Stream()).seen = now
+            self.state((source.run_id, source.rank)).seen = now
         for key, s in streams(batch).items():
-            state = self._live.setdefault(key, _Stream())
+            state = self.state(key)
             state.seen = now
             # The interval ending at each step; those ending on an announced pause do not set the pace.
             before = state.last_step_time if np.isfinite(state.last_step_time) else s.time[0]
@@ -70,9 +76,9 @@ class Stall:
                 out.extend(self.episodes.quiet(key, state.last_step + 1, now))
         for source, end in batch.run_ends:
             key = (source.run_id, source.rank)
-            self._live.pop(key, None)
+            self._streams.pop(key, None)
             out.extend(self.episodes.quiet(key, 2**62, end.time))
-        for key, state in self._live.items():
+        for key, state in self._streams.items():
             limit = max(self.settings.factor * state.longest, self.settings.min_seconds)
             silent = now - state.seen
             if silent > limit:
@@ -86,13 +92,3 @@ class Stall:
                 )
                 out.extend(self.episodes.flag(key, state.last_step, PAGE, now, finding, step=state.last_step))
         return out
-
-    @staticmethod
-    def _latest_record_time(batch: IngestBatch) -> float:
-        latest = float("-inf")
-        for part in batch.steps:
-            if len(part):
-                latest = max(latest, float(part.times.max()))
-        for _, record in [*batch.heartbeats, *batch.run_starts, *batch.run_ends]:
-            latest = max(latest, record.time)
-        return latest

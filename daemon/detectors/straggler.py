@@ -7,6 +7,7 @@ half a window, as in ``slowdown``). Each rank's median ``step_time`` over its wi
 (checkpoint/eval steps left out) is compared with the fastest rank's over the same steps:
 score = fastest / this rank's median. Below ``warn``/``page`` in two consecutive windows
 raises an alert naming the slow rank. A slowdown of every rank is ``slowdown``'s business.
+State is per run: it goes once every rank seen has ended or the run went idle.
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from trainvigil.schemas import Anomaly
 
 from ..decode import IngestBatch
-from ._base import Episodes, Finding
+from ._base import DetectorSettings, Episodes, Finding
 from ._robust import fast_median
-from ._series import Values, streams
+from ._series import StreamKey, Values, streams
 from ._windows import severity_of
 
 
-class StragglerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "step_time"
     min_steps: int = 50
     min_seconds: float = 60.0
@@ -55,12 +55,22 @@ class _Run:
 
 class Straggler:
     name: ClassVar[str] = "straggler"
-    Settings: ClassVar[type[msgspec.Struct]] = StragglerSettings
+    Settings: ClassVar[type[DetectorSettings]] = StragglerSettings
 
     def __init__(self, settings: StragglerSettings) -> None:
         self.settings = settings
         self.episodes = Episodes(self.name, settings.cooldown_buckets)
         self._runs: dict[str, _Run] = {}
+
+    def forget(self, key: StreamKey) -> None:
+        """A rank ended or went idle: its episode goes; its buckets stay until the whole run is forgotten."""
+        self.episodes.forget(key)
+
+    def forget_run(self, run_id: str) -> None:
+        self._runs.pop(run_id, None)
+
+    def tracked(self) -> int:
+        return len(self._runs) + len(self.episodes)
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         cfg = self.settings

@@ -1,0 +1,123 @@
+"""Which runs are live, so detectors can let go of the rest (pure: batches in, keys out).
+
+A stream (run, rank) is live from its first record until its ``run_end``, or until it has
+sent nothing for ``idle_forget_s`` (a run that crashed or was killed never says goodbye).
+A run is live while any of its streams is: state kept across ranks (``straggler``,
+``ckpt_mismatch``) goes once the last of them ends or goes idle. A ``run_start`` after a
+``run_end`` makes the stream live again.
+
+Time is the daemon's clock (``batch.now``), or in replay, where there is none, the latest
+record time seen; it never runs backwards. Idle streams are looked for every quarter of
+the horizon, so one is forgotten between 1 and 1.25 horizons after its last record.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trainvigil.schemas import Source
+
+from ..decode import IngestBatch
+from ._series import StreamKey
+
+
+@dataclass(slots=True)
+class Expired:
+    """What detectors may forget after a batch: streams first, then runs."""
+
+    streams: list[StreamKey] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.streams or self.runs)
+
+
+class RunTracker:
+    """Live streams by run, with the clock of each one's latest record."""
+
+    def __init__(self, idle_forget_s: float = 3600.0) -> None:
+        if not idle_forget_s > 0:
+            raise ValueError(f"idle_forget_s must be > 0, not {idle_forget_s!r}")
+        self.idle_forget_s = idle_forget_s
+        self._live: dict[str, dict[int, float]] = {}
+        """run → rank → clock of the stream's latest record."""
+        self._clock = -math.inf
+        self._next_sweep = -math.inf
+
+    def __len__(self) -> int:
+        """Live runs."""
+        return len(self._live)
+
+    def ranks(self, run_id: str) -> list[int]:
+        """The live ranks of ``run_id``."""
+        return list(self._live.get(run_id, ()))
+
+    def observe(self, batch: IngestBatch) -> Expired:
+        """Note the batch's records; the streams and runs that ended with it or went idle."""
+        clock = self._clock = max(self._clock, batch.now if batch.now is not None else latest_time(batch))
+        live = self._live
+        sources = [part.source for part in batch.steps]
+        for records in (batch.run_starts, batch.events, batch.heartbeats, batch.gil_samples, batch.checkpoints):
+            sources.extend(source for source, _ in records)
+        for source in sources:
+            ranks = live.get(source.run_id)
+            if ranks is None:
+                ranks = live[source.run_id] = {}
+            ranks[source.rank] = clock
+        expired = Expired()
+        if batch.run_ends:
+            self._end(batch, expired)
+        if clock >= self._next_sweep and math.isfinite(clock):
+            self._next_sweep = clock + self.idle_forget_s / 4
+            self._sweep(clock - self.idle_forget_s, expired)
+        return expired
+
+    def _end(self, batch: IngestBatch, expired: Expired) -> None:
+        restarted: dict[StreamKey, float] = {}
+        for source, start in batch.run_starts:
+            key = (source.run_id, source.rank)
+            restarted[key] = max(restarted.get(key, -math.inf), start.time)
+        for source, end in batch.run_ends:
+            key = (source.run_id, source.rank)
+            if restarted.get(key, -math.inf) > end.time:
+                continue  # ended, then started again within the batch
+            expired.streams.append(key)
+            self._drop(source, expired)
+
+    def _drop(self, source: Source, expired: Expired) -> None:
+        ranks = self._live.get(source.run_id)
+        if ranks is not None:
+            ranks.pop(source.rank, None)
+        if not ranks:
+            self._live.pop(source.run_id, None)
+            expired.runs.append(source.run_id)
+
+    def _sweep(self, horizon: float, expired: Expired) -> None:
+        for run_id, ranks in list(self._live.items()):
+            idle = [rank for rank, last in ranks.items() if last < horizon]
+            for rank in idle:
+                del ranks[rank]
+                expired.streams.append((run_id, rank))
+            if not ranks:
+                del self._live[run_id]
+                expired.runs.append(run_id)
+
+
+def latest_time(batch: IngestBatch) -> float:
+    """The latest record time in ``batch`` (-inf when it has none)."""
+    latest = -math.inf
+    for part in batch.steps:
+        if len(part):
+            latest = max(latest, float(part.times.max()))
+    for records in (
+        batch.run_starts,
+        batch.run_ends,
+        batch.events,
+        batch.heartbeats,
+        batch.gil_samples,
+        batch.checkpoints,
+    ):
+        for _, record in records:
+            latest = max(latest, record.time)
+    return latest

@@ -1,0 +1,79 @@
+"""Running a list of detectors over batches: what they see, what they forget, what a failure costs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from trainvigil.schemas import Anomaly
+
+from ..decode import IngestBatch
+from ._base import Detector, journaled
+from ._isolation import DetectorFailures
+from ._lifecycle import RunTracker
+
+
+class Detectors(list[Detector]):
+    """The detectors a daemon runs, in order, with what :func:`run_all` keeps between batches.
+
+    Attributes:
+        runs: the live runs and streams (what detectors may forget, and when).
+        failures: which detector failed on which run (``errors`` counts them per detector).
+    """
+
+    def __init__(self, detectors: Iterable[Detector] = (), *, idle_forget_s: float = 3600.0) -> None:
+        super().__init__(detectors)
+        self.runs = RunTracker(idle_forget_s)
+        self.failures = DetectorFailures()
+
+    def tracked(self) -> dict[str, int]:
+        """Per detector: how many streams, runs and open episodes it keeps state for."""
+        return {d.name: d.tracked() for d in self}
+
+
+def run_all(detectors: Detectors, batch: IngestBatch) -> list[Anomaly]:
+    """Every detector's alert updates for ``batch``, in list order.
+
+    Afterwards the streams that ended with the batch (``run_end``) or went idle are forgotten,
+    so a long-lived daemon's memory follows the live runs, not every run it has seen. A
+    detector that raises stops neither the batch nor the other detectors: it loses the run it
+    raised on until that run ends or starts again (see ``_isolation``).
+
+    Raises:
+        TypeError: ``detectors`` is a plain list: use what :func:`build` returns, or wrap the
+            list in :class:`Detectors`, which keeps the live runs and the failures between batches.
+    """
+    if not isinstance(detectors, Detectors):
+        raise TypeError(
+            f"run_all needs a Detectors (what detectors.build() returns), not {type(detectors).__name__}: "
+            "wrap the list as Detectors([...]) and keep it for every batch"
+        )
+    failures = detectors.failures
+    expired = detectors.runs.observe(batch)
+    if failures.disabled and batch.run_starts:
+        failures.enable({source.run_id for source, _ in batch.run_starts})
+    views: dict[frozenset[str], IngestBatch] = {}
+    found: list[Anomaly] = []
+    ranks = detectors.runs.ranks
+    careful = bool(failures)  # only once a detector has failed: the normal path is the plain call below
+    with journaled() as journal:
+        for detector in detectors:
+            seen = batch
+            if careful:
+                seen = failures.seen_by(detector.name, batch, views)
+                if detector.name in failures.suspect:
+                    found.extend(failures.run_by_run(detector, seen, ranks))
+                    continue
+            mark = len(journal)
+            try:
+                found.extend(detector(seen))
+                continue
+            except Exception as exc:
+                error = exc
+            # Out of the except block, so a failure of the rerun is not chained to this one.
+            found.extend(failures.recover(detector, seen, error, journal[mark:], ranks))
+    if expired:
+        for detector in detectors:
+            failures.forget(detector, expired.streams, expired.runs)
+        if failures.disabled:
+            failures.enable(expired.runs)
+    return found
