@@ -48,5 +48,5 @@ def render(result: QueryResult, fmt: str) -> str:
     out_lines.append(line)
     footer = f"{len(result.rows)} row{'s' if len(result.rows) != 1 else ''}"
     if result.truncated:
-        footer += " (row limit reached; add LIMIT or raise --limit)"
+        footer += f" ({result.note or 'row limit reached; add LIMIT or raise --limit'})"
     return "\n".join(out_lines) + "\n" + footer + "\n"

@@ -1,10 +1,17 @@
-"""Answer ``vigil sql`` requests over NATS request/reply from the daemon's own database."""
+"""Answer ``vigil sql`` requests over NATS request/reply from the daemon's own database.
+
+At most ``query_concurrency`` queries run at once, each on its own connection and thread; a
+request beyond that gets a "busy" answer at once rather than waiting in line. Every request
+gets an answer, even one that cannot be decoded or whose answer fails to encode.
+"""
 
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import anyio
+import duckdb
 import msgspec
 import nats.errors
 import structlog
@@ -32,36 +39,89 @@ async def serve_queries(
     *,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve queries one at a time until cancelled (the writer keeps writing meanwhile)."""
+    """Serve queries, up to ``config.query_concurrency`` at once, until cancelled (the writer keeps writing).
+
+    On cancellation the queries in flight are interrupted, so shutdown does not wait for them.
+    """
     sub = await nc.subscribe(QUERY_SUBJECT, queue="vigil-query")
+    slots = anyio.Semaphore(config.query_concurrency)
+    running: set[duckdb.DuckDBPyConnection] = set()
     task_status.started()
     try:
-        async for msg in sub.messages:
+        async with anyio.create_task_group() as tg:
             try:
-                await _answer(msg, store, config, metrics)
-            except Exception as exc:  # one bad request never takes the daemon down
-                log.exception("query_failed", error=repr(exc))
+                async for msg in sub.messages:
+                    try:
+                        slots.acquire_nowait()
+                    except anyio.WouldBlock:
+                        busy = QueryResult(
+                            error=f"busy: {config.query_concurrency} queries are running (query_concurrency); "
+                            "try again in a moment"
+                        )
+                        await _reply(nc, msg, busy, metrics, outcome="busy")
+                        continue
+                    tg.start_soon(_serve_one, nc, msg, store, config, metrics, slots, running)
+            finally:
+                for cursor in list(running):
+                    cursor.interrupt()
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
 
 
-async def _answer(msg: Msg, store: Store, config: DaemonConfig, metrics: DaemonMetrics) -> None:
+async def _serve_one(
+    nc: NATS,
+    msg: Msg,
+    store: Store,
+    config: DaemonConfig,
+    metrics: DaemonMetrics,
+    slots: anyio.Semaphore,
+    running: set[duckdb.DuckDBPyConnection],
+) -> None:
+    try:
+        result = await _run(msg, store, config, running)
+    except Exception as exc:  # one bad request never takes the daemon down, and still gets an answer
+        log.exception("query_failed", error=repr(exc))
+        result = QueryResult(error=f"the daemon failed to answer ({exc!r}); see its log")
+    finally:
+        slots.release()
+    try:
+        await _reply(nc, msg, result, metrics)
+    except Exception as exc:
+        log.exception("query_reply_failed", error=repr(exc))
+        with contextlib.suppress(Exception):
+            await _reply(nc, msg, QueryResult(error=f"the daemon could not send its answer ({exc!r})"), metrics)
+
+
+async def _run(msg: Msg, store: Store, config: DaemonConfig, running: set[duckdb.DuckDBPyConnection]) -> QueryResult:
     try:
         request = _request_decoder.decode(msg.data)
     except msgspec.MsgspecError as exc:
-        result = QueryResult(error=f"bad query request: {exc}", refused=True)
-    else:
-        cursor = store.cursor()
-        try:
-            result = await anyio.to_thread.run_sync(
-                answer, cursor, request, config.query_row_limit, config.query_timeout_s
+        return QueryResult(error=f"bad query request: {exc}", refused=True)
+    cursor = store.cursor()
+    running.add(cursor)
+    try:
+        return await anyio.to_thread.run_sync(
+            partial(
+                answer,
+                cursor,
+                request,
+                config.query_row_limit,
+                config.query_timeout_s,
+                max_bytes=config.query_max_bytes,
+                memory_bytes=config.query_memory_bytes,
+                spill_bytes=config.query_spill_bytes,
             )
-        finally:
-            cursor.close()
-    outcome = "refused" if result.refused else "error" if result.error else "ok"
+        )
+    finally:
+        running.discard(cursor)
+        cursor.close()
+
+
+async def _reply(nc: NATS, msg: Msg, result: QueryResult, metrics: DaemonMetrics, outcome: str = "") -> None:
+    outcome = outcome or ("refused" if result.refused else "error" if result.error else "ok")
     metrics.queries[outcome] += 1
-    log.info("query", outcome=outcome, rows=len(result.rows), error=result.error or None)
+    log.info("query", outcome=outcome, rows=len(result.rows), note=result.note or None, error=result.error or None)
     if msg.reply:
         for part in split_result(result, _PART_BYTES):
-            await msg._client.publish(msg.reply, _encoder.encode(part))
+            await nc.publish(msg.reply, _encoder.encode(part))

@@ -12,7 +12,7 @@ from trainvigil.schemas import QUERY_SUBJECT
 
 from trainvigil.errors import DaemonUnavailableError, QueryError, QueryRefusedError
 
-from .query import QueryRequest, QueryResult, join_results, open_read_only, run_query
+from .query import DEFAULT_MAX_BYTES, QueryRequest, QueryResult, join_results, open_read_only, run_query, validate
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
 
@@ -48,16 +48,28 @@ async def ask_daemon(url: str, request: QueryRequest, timeout: float) -> QueryRe
 
 
 def query(
-    sql: str, *, nats_url: str, data_dir: str | Path, limit: int, timeout: float = 60.0
+    sql: str,
+    *,
+    nats_url: str,
+    data_dir: str | Path,
+    limit: int,
+    timeout: float = 60.0,
+    max_bytes: int | None = None,
 ) -> tuple[QueryResult, str]:
     """Run a read-only query; returns the result and where it was answered.
 
+    Args:
+        limit, max_bytes: rows and bytes the answer holds at most (the daemon may lower them).
+        timeout: seconds to wait for the daemon's answer; reading the file, the query's timeout.
+
     Raises:
-        QueryRefusedError: not a read-only query.
+        QueryRefusedError: not a read-only query, or ``limit``/``max_bytes`` below 1 (checked
+            before anything is sent).
         QueryError: the query failed.
         DaemonUnavailableError: no daemon answered and there is no database file.
     """
-    result = asyncio.run(ask_daemon(nats_url, QueryRequest(sql=sql, limit=limit), timeout))
+    request = validate(QueryRequest(sql=sql, limit=limit, max_bytes=max_bytes))
+    result = asyncio.run(ask_daemon(nats_url, request, timeout))
     if result is not None:
         if result.refused:
             raise QueryRefusedError(result.error)
@@ -72,6 +84,6 @@ def query(
         )
     con = open_read_only(str(path))
     try:
-        return run_query(con, sql, limit, timeout), str(path)
+        return run_query(con, sql, limit, timeout, max_bytes=max_bytes or DEFAULT_MAX_BYTES), str(path)
     finally:
         con.close()

@@ -197,8 +197,16 @@ class Store:
         self._open()
 
     def _open(self) -> None:
-        # No file or network access from SQL, and nobody can turn it back on.
-        self.con = duckdb.connect(str(self.path), config={"enable_external_access": False, "lock_configuration": True})
+        # No file or network access from SQL, and nobody can turn it back on. Background
+        # allocator threads hand memory of interrupted queries back to the system at once.
+        self.con = duckdb.connect(
+            str(self.path),
+            config={
+                "enable_external_access": False,
+                "allocator_background_threads": True,
+                "lock_configuration": True,
+            },
+        )
         self.con.execute(DDL)
         if not self.con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
             self.con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])

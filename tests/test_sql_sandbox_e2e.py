@@ -1,0 +1,102 @@
+"""The SQL sandbox through a real nats-server, a real daemon process and the real ``vigil sql``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support import Daemon, NatsServer, finish, run_producer, wait_for
+from trainvigil.daemon.query import QueryRequest, QueryResult
+from trainvigil.daemon.sqlclient import ask_daemon
+
+GiB = 2**30
+
+
+def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def _ask(daemon: Daemon, request: QueryRequest, timeout: float = 30) -> QueryResult:
+    result = asyncio.run(ask_daemon(daemon.nats_url, request, timeout))
+    assert result is not None, "no daemon answered"
+    return result
+
+
+def _peak_rss(daemon: Daemon) -> int:
+    """The daemon process's high-water mark of resident memory (VmHWM), in bytes."""
+    assert daemon.process is not None
+    status = Path(f"/proc/{daemon.process.pid}/status").read_text()
+    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    assert match, status
+    return int(match.group(1)) * 1024
+
+
+def _alive(daemon: Daemon) -> bool:
+    return daemon.process is not None and daemon.process.poll() is None and daemon.scalar("select 42") == 42
+
+
+def test_a_delete_hidden_in_a_cte_is_refused_and_deletes_nothing(daemon: Daemon, nats_server: NatsServer) -> None:
+    finish(run_producer(nats_server.url, "cte", 0, 100))
+    wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'cte'") == 100, 30, "100 rows")
+    result = _vigil(
+        "sql", "with x as (delete from steps returning *) select count(*) from x", "--nats", nats_server.url
+    )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "refused" in result.stderr and "DELETE" in result.stderr
+    assert daemon.scalar("select count(*) from steps where run_id = 'cte'") == 100
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the daemon's peak RSS from /proc")
+def test_memory_attacks_get_an_answer_and_the_daemon_stays_small(daemon: Daemon, nats_server: NatsServer) -> None:
+    for sql in ["select repeat('x', 600000) as s from range(10000)", "select list(i) from range(100000000) t(i)"]:
+        started = time.monotonic()
+        result = _vigil("sql", sql, "--nats", nats_server.url, "--format", "csv")
+        assert time.monotonic() - started < 20
+        # Either a cut answer (exit 0) or a clear error naming the budget (exit 1); never a dead daemon.
+        assert result.returncode in (0, 1), result.stderr
+        if result.returncode == 1:
+            assert "query_memory_bytes" in result.stderr or "query_max_bytes" in result.stderr, result.stderr
+        assert _alive(daemon), "the daemon survived and still answers"
+    assert _peak_rss(daemon) < 1.5 * GiB
+
+
+def test_a_negative_limit_on_the_wire_is_answered_at_once(daemon: Daemon) -> None:
+    started = time.monotonic()
+    result = _ask(daemon, QueryRequest(sql="select 1", limit=-2), timeout=5)
+    assert result.refused and "$.limit" in result.error, result.error
+    assert time.monotonic() - started < 3
+
+
+def test_beyond_query_concurrency_a_request_is_told_busy_at_once(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VIGIL_QUERY_CONCURRENCY", "1")
+    daemon = Daemon(nats_server.url, tmp_path / "busy-data")
+    daemon.start()
+    try:
+        slow: list[QueryResult] = []
+        worker = threading.Thread(
+            target=lambda: slow.append(
+                _ask(daemon, QueryRequest(sql="select sum(i) from range(100000000000) t(i)", timeout_s=3))
+            )
+        )
+        worker.start()
+        busy = wait_for(
+            lambda: (r := _ask(daemon, QueryRequest(sql="select 1"), timeout=5)).error.startswith("busy") and r,
+            5,
+            "a busy answer while the slow query runs",
+        )
+        assert "query_concurrency" in busy.error
+        worker.join(30)
+        assert slow and "interrupted after 3 s" in slow[0].error, slow
+        assert _alive(daemon)
+    finally:
+        daemon.kill()
