@@ -95,6 +95,9 @@ class IngestBatch:
     """The messages this batch was decoded from: a batch the store cannot commit is split by them."""
     losses: list[SeqGap] = field(default_factory=list)
     """Holes in the consumed sequence found while fetching this batch (``data_loss`` rows)."""
+    reset_offset: int | None = None
+    """The stream was deleted and created again: the committed offset goes back to this (the
+    new stream numbers from 1), in the same transaction as the batch."""
     messages: int = 0
     wire_anomalies: int = 0
     """How many of ``anomalies`` came decoded from messages (the rest are the detectors')."""

@@ -39,16 +39,18 @@ def _get(path: str, metrics: DaemonMetrics) -> bytes:
     if path == "/metrics":
         return _response("200 OK", metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
     if path == "/healthz":
-        healthy = metrics.broker_connected
-        body = json.dumps(
-            {
-                "status": "ok" if healthy else "degraded",
-                "broker_connected": healthy,
-                "last_seq": metrics.last_seq,
-                "consumer_lag": metrics.consumer_lag,
-            }
-        ).encode()
-        return _response("200 OK" if healthy else "503 Service Unavailable", body, "application/json")
+        broker = "" if metrics.broker_connected else "broker_disconnected"
+        reasons = [r for r in (broker, metrics.stuck, metrics.store_unavailable) if r]
+        health: dict[str, object] = {
+            "status": "degraded" if reasons else "ok",
+            "broker_connected": metrics.broker_connected,
+            "last_seq": metrics.last_seq,
+            "consumer_lag": metrics.consumer_lag,
+        }
+        if reasons:
+            health["reasons"] = reasons
+        body = json.dumps(health).encode()
+        return _response("503 Service Unavailable" if reasons else "200 OK", body, "application/json")
     return _response("404 Not Found", b"try /healthz or /metrics\n", "text/plain")
 
 

@@ -1,15 +1,21 @@
-"""Create or check the ``VIGIL`` stream and (re)bind the daemon's durable pull consumer."""
+"""Create or check the ``VIGIL`` stream, (re)bind the daemon's durable pull consumer, pull from it."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+from dataclasses import dataclass, field
 
+import anyio
 import structlog
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from trainvigil.schemas import STREAM_SUBJECTS
 
 from .config import StreamConfig
+from .sequencer import StreamView
 
 log = structlog.get_logger("trainvigil.jetstream")
 
@@ -43,25 +49,138 @@ async def ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamIn
     return info
 
 
-async def bind_consumer(js: JetStreamContext, cfg: StreamConfig, after_seq: int) -> JetStreamContext.PullSubscription:
-    """A durable pull consumer that delivers from ``after_seq + 1`` on, in stream order.
+async def bind_consumer(js: JetStreamContext, cfg: StreamConfig, start_seq: int) -> api.ConsumerInfo:
+    """(Re)create the durable pull consumer so that it delivers from ``start_seq`` on, in stream order.
 
-    The DuckDB offset is the truth: the consumer is recreated from it on every start, so
-    messages fetched but never committed by a killed daemon come again, in order, before
-    anything newer (a consumer left as it was would only redeliver them after ``ack_wait``,
-    behind newer messages).
+    The DuckDB offset is the truth: the consumer is recreated from it on every start, and from
+    the ingest's ``next_seq`` on every rewind, so messages fetched but never committed come
+    again, in order, before anything newer (a consumer left as it was would only redeliver
+    them after ``ack_wait``, behind newer messages).
     """
     with contextlib.suppress(NotFoundError):
         await js.delete_consumer(cfg.name, cfg.consumer)
     config = api.ConsumerConfig(
         durable_name=cfg.consumer,
         ack_policy=api.AckPolicy.EXPLICIT,
-        ack_wait=300.0,
+        ack_wait=cfg.ack_wait_s,
         max_ack_pending=100_000,
         max_waiting=16,
-        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after_seq else api.DeliverPolicy.ALL,
-        opt_start_seq=after_seq + 1 if after_seq else None,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq > 1 else api.DeliverPolicy.ALL,
+        opt_start_seq=start_seq if start_seq > 1 else None,
     )
-    await js.add_consumer(cfg.name, config)
-    log.info("consumer_bound", consumer=cfg.consumer, start_seq=after_seq + 1)
-    return await js.pull_subscribe_bind(cfg.consumer, cfg.name)
+    info = await js.add_consumer(cfg.name, config)
+    log.info("consumer_bound", consumer=cfg.consumer, start_seq=start_seq)
+    return info
+
+
+async def stream_view(js: JetStreamContext, stream: str, next_seq: int) -> tuple[api.StreamInfo, StreamView]:
+    """The stream's info, and what it still holds from ``next_seq`` on (one lookup; used on gaps only)."""
+    info = await js.stream_info(stream)
+    existing: int | None = None
+    if next_seq <= info.state.last_seq:
+        try:
+            # The lowest sequence >= next_seq on any subject (the whole message comes back: rare path).
+            existing = (await js.get_msg(stream, next_seq, subject=">", next=True)).seq
+        except NotFoundError:
+            existing = None
+    return info, StreamView(first_seq=info.state.first_seq, last_seq=info.state.last_seq, existing=existing)
+
+
+@dataclass(slots=True)
+class Pulled:
+    """One pull request's messages and the status that ended it ("" when the batch filled or the wait ran out)."""
+
+    msgs: list[Msg] = field(default_factory=list)
+    status: str = ""
+    description: str = ""
+
+    @property
+    def consumer_gone(self) -> bool:
+        """The consumer (or its stream) no longer exists: bind it again."""
+        return self.status == "503" or (self.status == "409" and "deleted" in self.description.lower())
+
+    @property
+    def refused(self) -> bool:
+        """The request itself was refused (a status other than the ones that end a pull)."""
+        return self.status not in ("", "404", "408", "409") and not self.consumer_gone
+
+    @property
+    def too_big(self) -> bool:
+        """The next message does not fit the byte budget at all."""
+        return self.status == "409" and "maxbytes" in self.description.lower() and not self.msgs
+
+
+class Puller:
+    """Pull requests with a byte budget on one incarnation of the durable consumer.
+
+    nats-py's ``fetch`` bounds a request by count only: 256 messages of 0.5 MB overflow the
+    server's buffer for the connection (``max_pending``, 64 MiB by default), the server drops
+    them as a slow consumer, and they stay ack-pending until ``ack_wait``. Here every request
+    carries ``max_bytes``, and ``no_wait`` with ``expires``: the server answers as soon as
+    something is there (at most ``expires`` later), delivers at most ``batch`` messages and
+    ``max_bytes`` bytes, and ends with a full batch or a status, so one request's messages do
+    not spill into the next. Anything that still arrives late is kept and handed out first by
+    the next :meth:`pull`; the ingest's :class:`~.sequencer.Sequencer` puts order on it.
+    """
+
+    def __init__(
+        self, js: JetStreamContext, cfg: StreamConfig, *, batch: int, max_bytes: int, expires_s: float
+    ) -> None:
+        # nats-py keeps the connection and the API prefix private; a pull needs both.
+        self._nc = js._nc
+        self._subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{cfg.name}.{cfg.consumer}"
+        self._inbox = self._nc.new_inbox()
+        self.batch = batch
+        # One message must always fit, or the consumer would answer every request with a 409.
+        self.max_bytes = max(max_bytes, self._nc.max_payload + 4096)
+        self.expires_s = expires_s
+        self._sub: Subscription | None = None
+        self._buffer: list[Msg] = []
+        self._want = 0
+        self._status = ("", "")
+        self._done = anyio.Event()
+
+    async def open(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):  # closed connection, bad subscription: nothing to undo
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _on_msg(self, msg: Msg) -> None:
+        headers = msg.headers
+        if headers and (status := headers.get(api.Header.STATUS.value)):
+            if status != "100":  # idle heartbeats (not asked for) end nothing
+                self._status = (status, str(headers.get(api.Header.DESCRIPTION, "")))
+                self._done.set()
+            return
+        self._buffer.append(msg)
+        self._want -= 1
+        if self._want <= 0:
+            self._done.set()
+
+    async def pull(self) -> Pulled:
+        """The next messages: those that arrived late, else one request's worth.
+
+        Raises:
+            nats.errors.Error: the request could not be sent (connection closed).
+        """
+        if not self._buffer:
+            self._want = self.batch
+            self._status = ("", "")
+            self._done = anyio.Event()
+            request = {
+                "batch": self.batch,
+                "max_bytes": self.max_bytes,
+                "expires": int(self.expires_s * 1e9),
+                "no_wait": True,
+            }
+            await self._nc.publish(self._subject, json.dumps(request).encode(), reply=self._inbox)
+            # The server ends the request by itself; the margin covers a broker that went away.
+            with anyio.move_on_after(self.expires_s + 2.0):
+                await self._done.wait()
+        pulled = Pulled(self._buffer, *self._status)
+        self._buffer, self._status = [], ("", "")
+        return pulled

@@ -33,6 +33,13 @@ class Histogram:
         return lines
 
 
+def _by_label(name: str, help_text: str, label: str, counts: Counter[str], default: str) -> list[str]:
+    """One counter family with one label; a family never seen still shows ``default`` at 0."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+    lines += [f'{name}{{{label}="{value}"}} {counts[value]}' for value in sorted(counts) or [default]]
+    return lines
+
+
 @dataclass
 class DaemonMetrics:
     """Counters the ingest stage updates; read by ``/metrics`` and ``/healthz``."""
@@ -41,6 +48,22 @@ class DaemonMetrics:
     events_ingested: Counter[str] = field(default_factory=Counter)
     messages_ingested: int = 0
     messages_skipped: int = 0
+    """Redeliveries: messages delivered again after they were taken, acked and not applied twice."""
+    seq_gaps: int = 0
+    """Deliveries that skipped over sequences the daemon still needed."""
+    rewinds: Counter[str] = field(default_factory=Counter)
+    """Consumer re-creations at the next needed sequence, by reason (gap, stuck, tail, consumer_gone)."""
+    data_loss: Counter[str] = field(default_factory=Counter)
+    """Stream messages recorded lost (``data_loss`` rows), by reason."""
+    stuck: str = ""
+    """Why the ingest is not making progress ("" while it is); /healthz reports it."""
+    store_unavailable: str = ""
+    """Why the store cannot write ("" while it can); /healthz reports it, ingest waits."""
+    store_pauses: int = 0
+    detector_errors: Counter[str] = field(default_factory=Counter)
+    """Detector failures by detector (a run taken from it, or a failure no run explains)."""
+    detector_disabled: dict[str, set[str]] = field(default_factory=dict)
+    """Runs each detector skips after it raised on them, until they end or restart."""
     dead_letters: Counter[str] = field(default_factory=Counter)
     anomalies: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     """Alert updates by (detector, severity, state)."""
@@ -55,12 +78,13 @@ class DaemonMetrics:
 
     def render(self) -> str:
         """The Prometheus text exposition of every counter."""
-        out = [
-            "# HELP vigil_events_ingested_total Agent events committed to DuckDB, by kind.",
-            "# TYPE vigil_events_ingested_total counter",
-        ]
-        for kind in sorted(self.events_ingested) or ["steps"]:
-            out.append(f'vigil_events_ingested_total{{kind="{kind}"}} {self.events_ingested[kind]}')
+        out = _by_label(
+            "vigil_events_ingested_total",
+            "Agent events committed to DuckDB, by kind.",
+            "kind",
+            self.events_ingested,
+            "steps",
+        )
         out += [
             "# HELP vigil_messages_ingested_total NATS messages committed.",
             "# TYPE vigil_messages_ingested_total counter",
@@ -68,11 +92,53 @@ class DaemonMetrics:
             "# HELP vigil_messages_skipped_total Redelivered messages skipped as already applied.",
             "# TYPE vigil_messages_skipped_total counter",
             f"vigil_messages_skipped_total {self.messages_skipped}",
-            "# HELP vigil_dead_letters_total Messages that could not be read, by reason.",
-            "# TYPE vigil_dead_letters_total counter",
+            "# HELP vigil_seq_gaps_total Deliveries that skipped over stream sequences still needed.",
+            "# TYPE vigil_seq_gaps_total counter",
+            f"vigil_seq_gaps_total {self.seq_gaps}",
+            "# HELP vigil_ingest_stuck Whether the ingest has messages to take and takes none.",
+            "# TYPE vigil_ingest_stuck gauge",
+            f"vigil_ingest_stuck {int(bool(self.stuck))}",
+            "# HELP vigil_store_unavailable Whether the store cannot write (disk full, I/O error) and ingest waits.",
+            "# TYPE vigil_store_unavailable gauge",
+            f"vigil_store_unavailable {int(bool(self.store_unavailable))}",
+            "# HELP vigil_store_pauses_total Write attempts refused by the store (disk full, I/O error).",
+            "# TYPE vigil_store_pauses_total counter",
+            f"vigil_store_pauses_total {self.store_pauses}",
+            "# HELP vigil_detector_disabled_runs Runs a detector skips after raising on them (until they end).",
+            "# TYPE vigil_detector_disabled_runs gauge",
+            *[
+                f'vigil_detector_disabled_runs{{detector="{d}"}} {len(r)}'
+                for d, r in sorted(self.detector_disabled.items())
+            ],
         ]
-        for reason in sorted(self.dead_letters) or ["malformed"]:
-            out.append(f'vigil_dead_letters_total{{reason="{reason}"}} {self.dead_letters[reason]}')
+        out += _by_label(
+            "vigil_detector_errors_total",
+            "Detector failures: runs taken from a detector, and failures no run explains.",
+            "detector",
+            self.detector_errors,
+            "non_finite",
+        )
+        out += _by_label(
+            "vigil_consumer_rewinds_total",
+            "Consumer re-created at the next needed sequence, by reason.",
+            "reason",
+            self.rewinds,
+            "gap",
+        )
+        out += _by_label(
+            "vigil_data_loss_messages_total",
+            "Stream messages that will never be stored (data_loss rows), by reason.",
+            "reason",
+            self.data_loss,
+            "evicted",
+        )
+        out += _by_label(
+            "vigil_dead_letters_total",
+            "Messages that could not be read, by reason.",
+            "reason",
+            self.dead_letters,
+            "malformed",
+        )
         out += [
             "# HELP vigil_anomalies_total Alert updates (an episode opens, escalates, clears), by detector.",
             "# TYPE vigil_anomalies_total counter",

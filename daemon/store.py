@@ -12,7 +12,8 @@ import contextlib
 import shutil
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,69 +24,35 @@ import pyarrow as pa
 import structlog
 from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
 
-from trainvigil.errors import StoreUnavailableError
+from trainvigil.errors import ConfigError, StoreUnavailableError
 
 from .decode import DeadLetter, IngestBatch, RawMessage, StepColumns, decode_batch
 
 log = structlog.get_logger("trainvigil.store")
 
-SCHEMA_VERSION = 1
-_METRIC_COLS = ", ".join(f"{m} DOUBLE" for m in KNOWN_METRICS)
-DDL = f"""
-CREATE TABLE IF NOT EXISTS schema_info (version INTEGER);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY,
-    first_seen TIMESTAMP,
-    last_seen TIMESTAMP,
-    world_size INTEGER,
-    status VARCHAR,
-    ended_at TIMESTAMP,
-    argv JSON
-);
-CREATE TABLE IF NOT EXISTS steps (
-    run_id VARCHAR NOT NULL,
-    rank INTEGER NOT NULL,
-    step BIGINT NOT NULL,
-    time TIMESTAMP,
-    {_METRIC_COLS},
-    extra MAP(VARCHAR, DOUBLE)
-);
-CREATE TABLE IF NOT EXISTS events (
-    run_id VARCHAR, rank INTEGER, time TIMESTAMP, kind VARCHAR, step BIGINT, fields JSON
-);
-CREATE TABLE IF NOT EXISTS heartbeats (
-    run_id VARCHAR, rank INTEGER, host VARCHAR, pid INTEGER, time TIMESTAMP, last_step BIGINT,
-    buffered BIGINT, spilled_bytes BIGINT, connected BOOLEAN, dropped JSON
-);
-CREATE TABLE IF NOT EXISTS gil_samples (
-    run_id VARCHAR, rank INTEGER, time TIMESTAMP, period DOUBLE, samples INTEGER,
-    wait_p50 DOUBLE, wait_p90 DOUBLE, wait_p99 DOUBLE, wait_max DOUBLE,
-    busy_share DOUBLE, wait_share DOUBLE, held DOUBLE, switch_interval DOUBLE, gil_enabled BOOLEAN,
-    threads JSON
-);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    run_id VARCHAR, rank INTEGER, time TIMESTAMP, step BIGINT, origin VARCHAR, path VARCHAR,
-    algo VARCHAR, root VARCHAR, ok BOOLEAN, tensors JSON
-);
-CREATE TABLE IF NOT EXISTS anomalies (
-    run_id VARCHAR, rank INTEGER, step BIGINT, time TIMESTAMP, detector VARCHAR, severity VARCHAR,
-    state VARCHAR, value DOUBLE, baseline DOUBLE, threshold DOUBLE, message VARCHAR,
-    episode VARCHAR, last_step BIGINT, updated_at TIMESTAMP
-);
-CREATE TABLE IF NOT EXISTS canary_results (
-    time TIMESTAMP, name VARCHAR, fault VARCHAR, passed BOOLEAN, expected_detector VARCHAR,
-    fault_step BIGINT, fired_step BIGINT, latency_steps BIGINT, detail VARCHAR
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    time TIMESTAMP, subject VARCHAR, stream_seq BIGINT, reason VARCHAR, error VARCHAR, raw BLOB
-);
-CREATE TABLE IF NOT EXISTS data_loss (
-    time TIMESTAMP, stream VARCHAR, first_seq BIGINT, last_seq BIGINT, count BIGINT, reason VARCHAR
-);
-CREATE TABLE IF NOT EXISTS ingest_offsets (
-    consumer VARCHAR PRIMARY KEY, stream VARCHAR, last_seq BIGINT, updated_at TIMESTAMP
-);
-"""
+SCHEMA_VERSION = 2
+"""1: times as naive UTC ``TIMESTAMP``. 2: times as ``TIMESTAMPTZ``, comments on every table and
+column, the ``run_summary`` and ``open_alerts`` views. ``_migrate`` brings older files up to date."""
+STORAGE_VERSION = "v1.4.0"
+"""DuckDB storage format of new files: DuckDB 1.4.0 and newer read it (the 1.4 LTS and 1.5 CLIs
+among them), while the default of the DuckDB we run (2.0) is unreadable for every 1.x release."""
+SCHEMA_SQL = (resources.files(__package__) / "schema.sql").read_text(encoding="utf-8")
+"""Tables, comments and views; idempotent, run on every open."""
+_TABLES = (
+    "schema_info",
+    "runs",
+    "steps",
+    "events",
+    "heartbeats",
+    "gil_samples",
+    "checkpoints",
+    "anomalies",
+    "canary_results",
+    "dead_letters",
+    "data_loss",
+    "ingest_offsets",
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _STEP_FIELDS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]
 _EXTRA_TYPE = pa.map_(pa.string(), pa.float64())
@@ -119,8 +86,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def _ts(seconds: float | None) -> datetime | None:
-    """Unix seconds as a naive UTC datetime (DuckDB TIMESTAMP)."""
-    return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC).replace(tzinfo=None)
+    """Unix seconds as an aware UTC datetime (DuckDB TIMESTAMPTZ: the instant, whatever the session's zone)."""
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def _json(value: Any) -> str:
@@ -163,7 +130,7 @@ def steps_table(parts: list[StepColumns]) -> pa.Table:
         columns["run_id"].append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [part.source.run_id]))
         columns["rank"].append(pa.array(np.full(n, part.source.rank, dtype=np.int32)))
         columns["step"].append(pa.array(part.step))
-        columns["time"].append(pa.array((part.times * 1e6).astype("int64"), type=pa.timestamp("us")))
+        columns["time"].append(pa.array((part.times * 1e6).astype("int64"), type=pa.timestamp("us", tz="UTC")))
         for metric in KNOWN_METRICS:
             if metric in part.known:
                 columns[metric].append(_masked(*part.known[metric]))
@@ -177,6 +144,53 @@ def steps_table(parts: list[StepColumns]) -> pa.Table:
             chunks = [c.cast(pa.string()) for c in chunks]
         arrays.append(pa.chunked_array(chunks))
     return pa.Table.from_arrays(arrays, names=_STEP_FIELDS)
+
+
+def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Bring a file written by an older trainvigil up to ``SCHEMA_VERSION``, in one transaction.
+
+    Runs before ``SCHEMA_SQL``; a new file (no ``schema_info``) has nothing to migrate. The storage
+    format of an existing file stays what it was (see the README to rewrite it for older CLIs).
+
+    Raises:
+        ConfigError: the file was written by a newer trainvigil.
+    """
+    known = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND table_name = 'schema_info'"
+    ).fetchall()[0][0]
+    if not known:
+        return
+    version = con.execute("SELECT max(version) FROM schema_info").fetchall()[0][0] or 1
+    if version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"data_dir: {path} holds schema version {version}, newer than this trainvigil's {SCHEMA_VERSION}; "
+            "upgrade trainvigil or pass another --data-dir",
+            key="data_dir",
+        )
+    if version == SCHEMA_VERSION:
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        if version < 2:
+            # Version 1 stored naive UTC times; as TIMESTAMPTZ they are the same instants.
+            naive = con.execute(
+                "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
+                "AND schema_name = 'main' AND list_contains(?, table_name) AND data_type = 'TIMESTAMP'",
+                [list(_TABLES)],
+            ).fetchall()
+            for table, column in naive:
+                con.execute(
+                    f'ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE TIMESTAMPTZ '
+                    f"USING timezone('UTC', \"{column}\")"
+                )
+        con.execute("UPDATE schema_info SET version = ?", [SCHEMA_VERSION])
+        con.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        raise
+    log.info("store_migrated", path=str(path), from_version=version, to_version=SCHEMA_VERSION)
 
 
 class Store:
@@ -199,17 +213,28 @@ class Store:
     def _open(self) -> None:
         # No file or network access from SQL, and nobody can turn it back on. Background
         # allocator threads hand memory of interrupted queries back to the system at once.
-        self.con = duckdb.connect(
+        # New files are written in a storage format that DuckDB 1.x CLIs read (STORAGE_VERSION).
+        con = duckdb.connect(
             str(self.path),
             config={
                 "enable_external_access": False,
                 "allocator_background_threads": True,
-                "lock_configuration": True,
+                "storage_compatibility_version": STORAGE_VERSION,
             },
         )
-        self.con.execute(DDL)
-        if not self.con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
-            self.con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+        # Times shown as text (``vigil sql`` answers, casts, date_trunc) do not depend on the host's
+        # zone. Set before the lock: the time-zone extension is not loaded yet when ``config`` applies.
+        try:
+            con.execute("SET GLOBAL TimeZone = 'UTC'")
+            con.execute("SET GLOBAL lock_configuration = true")
+            _migrate(con, self.path)
+            con.execute(SCHEMA_SQL)
+            if not con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
+                con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+        except BaseException:
+            con.close()  # let go of the file: the caller may report and exit, or try again later
+            raise
+        self.con = con
         self.last_seq = self._load_offset()
         # Highest step stored per (run, rank): a batch whose steps all lie above it (and
         # rise within it) cannot touch an existing row, so it is appended without any
@@ -266,7 +291,9 @@ class Store:
             elif pending.raw:
                 self._isolate(pending.raw, refused)
             tail = IngestBatch(
-                anomalies=pending.anomalies[pending.wire_anomalies :], losses=pending.losses, max_seq=self.last_seq
+                anomalies=pending.anomalies[pending.wire_anomalies :],
+                losses=pending.losses,
+                max_seq=max(self.last_seq, pending.max_seq),
             )
             try:
                 self._apply(tail)
@@ -277,12 +304,12 @@ class Store:
 
     def _unapplied(self, batch: IngestBatch) -> IngestBatch:
         """``batch`` without the messages a partial commit of an earlier try already applied."""
-        if not batch.raw or batch.raw[0].seq > self.last_seq:
+        if not batch.raw or batch.raw[0].seq > self.last_seq or batch.reset_offset is not None:
             return batch
         rest = decode_batch([m for m in batch.raw if m.seq > self.last_seq])
         rest.anomalies.extend(batch.anomalies[batch.wire_anomalies :])
         rest.losses = batch.losses
-        rest.max_seq = max(rest.max_seq, self.last_seq)
+        rest.max_seq = max(rest.max_seq, batch.max_seq, self.last_seq)
         rest.now = batch.now
         return rest
 
@@ -341,7 +368,10 @@ class Store:
         if tops is None:
             tops = self._tops_after_merge(batch)
         self._max_step.update(tops)
-        self.last_seq = max(self.last_seq, batch.max_seq)
+        self.last_seq = self._next_offset(batch)
+
+    def _next_offset(self, batch: IngestBatch) -> int:
+        return batch.reset_offset if batch.reset_offset is not None else max(self.last_seq, batch.max_seq)
 
     def _append_only(self, batch: IngestBatch) -> dict[tuple[str, int], int] | None:
         """New per-(run, rank) top steps if every step of ``batch`` is new and rising, else None."""
@@ -374,11 +404,13 @@ class Store:
                 con.execute(_MERGE_SQL if merge else "INSERT INTO steps SELECT * FROM _vigil_batch")
             self._write_records(batch)
             self._write_runs(batch)
+            # The offset only moves forward, except on a recreated stream (reset_offset).
             con.execute(
                 "INSERT INTO ingest_offsets VALUES (?, ?, ?, now()) "
-                "ON CONFLICT (consumer) DO UPDATE SET last_seq = greatest(ingest_offsets.last_seq, excluded.last_seq),"
+                "ON CONFLICT (consumer) DO UPDATE SET last_seq = CASE WHEN ? THEN excluded.last_seq"
+                " ELSE greatest(ingest_offsets.last_seq, excluded.last_seq) END,"
                 " stream = excluded.stream, updated_at = excluded.updated_at",
-                [self.consumer, self.stream, max(self.last_seq, batch.max_seq)],
+                [self.consumer, self.stream, self._next_offset(batch), batch.reset_offset is not None],
             )
             con.execute("COMMIT")
         except BaseException:
@@ -489,11 +521,13 @@ class Store:
         opened: dict[str, Any] = {}
         if updates:
             # The row keeps the time the episode opened; ``updated_at`` says when it last changed.
-            opened = dict(
-                self.con.execute(
-                    "SELECT episode, time FROM anomalies WHERE list_contains(?, episode)", [updates]
+            # As integers: fetching a TIMESTAMPTZ as a datetime would need pytz.
+            opened = {
+                episode: _EPOCH + timedelta(microseconds=us)
+                for episode, us in self.con.execute(
+                    "SELECT episode, epoch_us(time) FROM anomalies WHERE list_contains(?, episode)", [updates]
                 ).fetchall()
-            )
+            }
             self.con.execute("DELETE FROM anomalies WHERE list_contains(?, episode)", [updates])
         self._insert(
             "anomalies",

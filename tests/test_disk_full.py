@@ -1,0 +1,77 @@
+"""A full disk never stops the daemon nor costs a step (issue 19 E).
+
+The data directory sits on a small tmpfs the test mounts (root only); agents log until it is
+full, then the test grows it: the daemon pauses (``disk_full`` in its log, ``/healthz`` not
+200), never exits, and once there is room stores every step exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import Daemon, NatsServer, finish, run_producer, wait_for
+
+
+def _can_mount() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and Path("/proc/mounts").exists()
+
+
+pytestmark = pytest.mark.skipif(not _can_mount(), reason="mounting a small tmpfs for the data dir needs root")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    where = tmp_path / "small"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(where)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _healthz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("floor", ["0", str(2 * 2**20)], ids=["no_floor", "floor_2MiB"])
+def test_full_disk_pauses_ingest_and_every_step_lands_once_space_returns(
+    nats_server: NatsServer, small_fs: Path, floor: str, tmp_path: Path
+) -> None:
+    daemon = Daemon(nats_server.url, small_fs / "data", env={"VIGIL_STORE_MIN_FREE_BYTES": floor})
+    daemon.log = tmp_path / "daemon.log"  # not on the disk that fills up
+    daemon.start()
+    try:
+        steps = 120_000
+        producers = [run_producer(nats_server.url, "full", rank, steps) for rank in (0, 1)]
+        wait_for(lambda: "disk_full" in daemon.log.read_text(), 120, "the daemon to report the full disk")
+        assert daemon.process is not None and daemon.process.poll() is None, "the daemon keeps running"
+        assert wait_for(lambda: _healthz(daemon.http_port) == 503, 30, "/healthz to say the store cannot write")
+        if floor != "0":
+            full = [line for line in daemon.log.read_text().splitlines() if '"disk_full"' in line]
+            assert "below the floor" in full[0], full
+        subprocess.run(["mount", "-o", "remount,size=256m", str(small_fs)], check=True)
+        for proc in producers:
+            finish(proc)
+        wait_for(
+            lambda: daemon.scalar("select count(*) from steps where run_id = 'full'") == 2 * steps,
+            120,
+            "every step once the disk has room",
+        )
+        assert daemon.scalar("select count(distinct (rank, step)) from steps where run_id = 'full'") == 2 * steps
+        assert daemon.scalar("select count(*) from dead_letters") == 0
+        assert wait_for(lambda: _healthz(daemon.http_port) == 200, 30, "/healthz to recover")
+        assert daemon.process.poll() is None
+    finally:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.kill()
