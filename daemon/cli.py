@@ -1,9 +1,10 @@
 """The ``vigil`` command line.
 
-Exit codes: 0 success; 1 the query was refused or failed; 2 bad usage or configuration (a value
-out of range, a malformed URL, a data directory that cannot be used or that another daemon holds,
-a port that another program holds); 3 something needed is not there: the daemon's packages, a
-broker within ``connect_timeout_s``, or a daemon or data directory to answer a query.
+Exit codes: 0 success; 1 the query was refused or failed, or ``vigil push`` left files undelivered;
+2 bad usage or configuration (a value out of range, a malformed URL, a data directory that cannot be
+used or that another daemon holds, a port that another program holds); 3 something needed is not
+there: the daemon's packages, a broker within ``connect_timeout_s`` (or, for ``vigil push``, at all),
+or a daemon or data directory to answer a query.
 Every failure is one line on stderr, ``vigil: ...``, saying what to do next.
 """
 
@@ -31,10 +32,16 @@ EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 RUNS_SQL = """
 SELECT r.run_id, r.status, r.world_size,
-       count(s.step) AS steps, max(s.step) AS last_step, r.last_seen
+       count(s.step) AS steps, max(s.step) AS last_step, r.last_seen,
+       (SELECT coalesce(sum(d.count), 0) FROM data_loss d
+        WHERE d.time >= r.first_seen AND d.time - INTERVAL 7 DAY <= coalesce(r.ended_at, r.last_seen))
+           AS maybe_lost
 FROM runs r LEFT JOIN steps s USING (run_id)
 GROUP BY ALL ORDER BY r.last_seen DESC
 """
+"""``maybe_lost``: stream messages recorded lost (``data_loss``) while the run may have been
+publishing: a lost message is at most ``stream.max_age_s`` (7 days by default) older than the
+moment its loss was found, and which run it belonged to is unknowable."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    push = sub.add_parser(
+        "push",
+        help="deliver the spill files of runs that ended without a broker",
+        description="Publish the spill files that agents kept when no broker took their data (see 'Offline runs' "
+        "in the README), oldest first, each message with its original Nats-Msg-Id; a file is removed once "
+        "JetStream acknowledged all of it. Exit 0 when everything was delivered (or there was nothing), 1 when "
+        "some files were not (they stay), 3 when no broker answered. Needs only the agent install.",
+    )
+    push.add_argument(
+        "dir",
+        nargs="?",
+        help="spill directory, or one file (default VIGIL_SPILL_DIR, else $XDG_CACHE_HOME/trainvigil/spill or "
+        "~/.cache/trainvigil/spill)",
+    )
+    push.add_argument("--nats", dest="nats_url", help="broker URL (default VIGIL_NATS_URL, else nats://127.0.0.1:4222)")
     verify.add_parser(sub)
     return parser
 
@@ -272,6 +294,49 @@ def _alerts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _push(args: argparse.Namespace) -> int:
+    import asyncio
+    import itertools
+
+    from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
+    from trainvigil.agents.push import FileResult, PushIncompleteError, leftovers, push
+
+    from trainvigil.errors import ConfigError
+
+    where = Path(args.dir or os.environ.get("VIGIL_SPILL_DIR") or default_spill_dir())
+    if args.dir and not where.exists():
+        raise ConfigError(f"{where} does not exist; pass a spill directory (VIGIL_SPILL_DIR) or file", key="dir")
+    paths = leftovers(where)
+    if not paths:
+        print(f"vigil: nothing to push in {where}", file=sys.stderr)
+        return EXIT_OK
+    url = args.nats_url or os.environ.get("VIGIL_NATS_URL") or DEFAULT_NATS_URL
+    counter = itertools.count(1)
+
+    def progress(r: FileResult) -> None:
+        done = "delivered" if r.done else "skipped (another process has it)" if r.skipped else "NOT delivered"
+        print(
+            f"vigil: [{next(counter)}/{len(paths)}] {r.path.name}: {done}, {r.messages} messages, {r.bytes} bytes"
+            + (f"; {r.error}" if r.error else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    results = asyncio.run(push(url, paths, on_file=progress))
+    print(
+        f"vigil: pushed {sum(r.done for r in results)} of {len(paths)} files to {url}: "
+        f"{sum(r.messages for r in results)} messages, {sum(r.bytes for r in results)} bytes",
+        file=sys.stderr,
+    )
+    if failed := [r for r in results if r.error]:
+        raise PushIncompleteError(
+            f"{len(failed)} of {len(paths)} files not delivered in full (first: {failed[0].path}: {failed[0].error}); "
+            f"they stay in {where}: is the daemon running (vigil up creates the stream)? then run vigil push again",
+            failed=failed,
+        )
+    return EXIT_OK
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -283,19 +348,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "verify":  # needs torch, not the daemon extra
         return verify.run(args)
+    daemon_extra = args.command != "push"  # push runs where training ran: the agent install is enough
     try:
-        import anyio  # noqa: F401
-        import duckdb  # noqa: F401
-        import structlog  # noqa: F401
+        if daemon_extra:
+            import anyio  # noqa: F401
+            import duckdb  # noqa: F401
+            import structlog  # noqa: F401
     except ImportError as exc:
         print(
             f"vigil: the daemon needs extra packages ({exc.name}); install them with: pip install 'trainvigil[daemon]'",
             file=sys.stderr,
         )
         return EXIT_UNAVAILABLE
-    from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError, ReplayError
+    from trainvigil.agents.push import NoBrokerError, PushIncompleteError
 
-    from .natsserver import BrokerUnavailableError, NatsServerNotFoundError
+    from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError, ReplayError
 
     # What each failure prints and exits with (first match wins). Errors of the libraries
     # underneath are turned into these where their meaning is known (_startup_error, _unreadable).
@@ -303,11 +370,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         QueryRefusedError: ("refused: ", EXIT_QUERY),
         QueryError: ("query failed: ", EXIT_QUERY),
         ReplayError: ("cannot replay: ", EXIT_USAGE),
+        PushIncompleteError: ("push incomplete: ", EXIT_QUERY),
         ConfigError: ("configuration error: ", EXIT_USAGE),
         DaemonUnavailableError: ("", EXIT_UNAVAILABLE),
-        BrokerUnavailableError: ("", EXIT_UNAVAILABLE),
-        NatsServerNotFoundError: ("", EXIT_UNAVAILABLE),
+        NoBrokerError: ("", EXIT_UNAVAILABLE),
     }
+    if daemon_extra:
+        from .natsserver import BrokerUnavailableError, NatsServerNotFoundError
+
+        failures |= {BrokerUnavailableError: ("", EXIT_UNAVAILABLE), NatsServerNotFoundError: ("", EXIT_UNAVAILABLE)}
 
     try:
         if args.command == "up":
@@ -327,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "demo":
             return _demo(args)
+        if args.command == "push":
+            return _push(args)
     except Exception as exc:
         known = next(((e, v) for e in _leaves(exc) for t, v in failures.items() if isinstance(e, t)), None)
         if known is None:

@@ -54,7 +54,20 @@ def _nats_url(key: str, url: str) -> None:
 
 
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The JetStream stream and the daemon's durable consumer."""
+    """The JetStream stream and the daemon's durable consumer.
+
+    Attributes:
+        max_bytes, max_age_s: the stream's limits. It holds what the daemon has not committed
+            yet (committed messages are purged, see ``purge_committed``).
+        discard: what a full stream does. ``new`` (default): it refuses new messages, the agents
+            keep them (memory, then spill file) and retry — back-pressure, nothing lost.
+            ``old``: it evicts the oldest, which the daemon records as ``data_loss`` (evicted).
+        max_msgs_per_subject: one run's kind (``vigil.v1.<run>.metrics``) holds at most this
+            many uncommitted messages (-1: no limit); with ``discard = "new"`` a flooding run
+            is refused before it can fill the stream for every other run.
+        purge_committed: the daemon purges the messages it has committed (DuckDB is the history).
+        ack_wait_s: a message delivered but not acked this long is delivered again.
+    """
 
     name: str = "VIGIL"
     max_age_s: float = 7 * 86400.0
@@ -62,7 +75,9 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     duplicate_window_s: float = 120.0
     consumer: str = "vigil-daemon"
     ack_wait_s: float = 300.0
-    """A message delivered but not acked this long is delivered again (the ingest skips what it took)."""
+    discard: Literal["new", "old"] = "new"
+    max_msgs_per_subject: int = 100_000
+    purge_committed: bool = True
 
     def __post_init__(self) -> None:
         _name("stream.name", self.name)
@@ -73,6 +88,8 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require("stream.max_bytes", self.max_bytes, "-1 (no limit) or >= 1", bytes_ok)
         _positive("stream.duplicate_window_s", self.duplicate_window_s)
         _positive("stream.ack_wait_s", self.ack_wait_s)
+        per_subject_ok = self.max_msgs_per_subject == -1 or self.max_msgs_per_subject >= 1
+        _require("stream.max_msgs_per_subject", self.max_msgs_per_subject, "-1 (no limit) or >= 1", per_subject_ok)
 
 
 class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -43,6 +43,9 @@ log = structlog.get_logger("trainvigil.ingest")
 STUCK_ROUNDS = 3
 """Empty fetches in a row, while the consumer says it owes messages, before the ingest counts as stuck."""
 
+PURGE_INTERVAL_S = 2.0
+"""Committed messages are purged from the stream at most this often."""
+
 _BROKER_ERRORS = (nats.errors.Error, TimeoutError)  # nats-py raises both its own and asyncio's timeouts
 
 
@@ -76,6 +79,22 @@ def _free_bytes(store: Store) -> int | None:
         return None
 
 
+def _loss_alert(gap: SeqGap, stream: str) -> Anomaly:
+    return Anomaly(
+        time=time.time(),
+        run_id="_daemon",
+        rank=0,
+        step=None,
+        detector="data_loss",
+        severity="page",
+        value=float(gap.count),
+        message=(
+            f"{gap.count} messages of stream {stream} (sequences {gap.first}..{gap.last}) will never be stored:"
+            f" {gap.reason}; runs live at that time may miss steps (see the data_loss table)"
+        ),
+    )
+
+
 def _disk_full_alert(detail: str) -> Anomaly:
     return Anomaly(
         time=time.time(),
@@ -104,6 +123,8 @@ class Ingest:
         self._puller: Puller | None = None
         self._stream_created: object = None
         self._stream_last = 0
+        self._next_purge = 0.0
+        self._purged_below = 0
         metrics.detector_errors = self.detectors.failures.errors  # mutated in place by the detectors
         metrics.detector_disabled = self.detectors.failures.disabled
         self._owed_rounds = 0
@@ -333,10 +354,25 @@ class Ingest:
         self.metrics.rewinds[RECREATED] += 1
         await send.send(Fetched(IngestBatch(losses=[gap], reset_offset=start - 1, max_seq=start - 1), [], 0))
         self._stream_created = None
-        self._stream_last = 0
+        self._stream_last = self._purged_below = 0
         return Sequencer(start)
 
     # ---- the writer ----------------------------------------------------------------------------
+
+    async def _purge_committed(self) -> None:
+        """Drop what is committed from the stream (now and then): DuckDB holds it, and with
+        ``discard = "new"`` the stream's limits then only count what the daemon still owes."""
+        cfg = self.config.stream
+        now = time.monotonic()
+        if not cfg.purge_committed or now < self._next_purge or self.store.last_seq <= self._purged_below:
+            return
+        self._next_purge = now + PURGE_INTERVAL_S
+        upto = self.store.last_seq + 1
+        try:
+            await self.js.purge_stream(cfg.name, seq=upto)
+            self._purged_below = upto
+        except _BROKER_ERRORS as exc:  # the next commit tries again
+            log.warning("purge_failed", error=repr(exc), below_seq=upto)
 
     async def _commit(self, batch: IngestBatch) -> list[DeadLetter]:
         """Write ``batch``, waiting out a store that cannot write (disk full, I/O error).
@@ -370,6 +406,7 @@ class Ingest:
                 batch = fetched.batch
                 started = time.perf_counter()
                 # Shielded: a commit in progress finishes even while shutting down.
+                batch.anomalies.extend(_loss_alert(gap, self.config.stream.name) for gap in batch.losses)
                 with anyio.CancelScope(shield=True):
                     refused = await self._commit(batch)
                     for msg in fetched.msgs:
@@ -402,3 +439,4 @@ class Ingest:
                         reason=gap.reason,
                     )
                 await self.alerts.publish(batch.anomalies)
+                await self._purge_committed()

@@ -30,7 +30,9 @@ async def ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamIn
         max_age=cfg.max_age_s,
         max_bytes=cfg.max_bytes,
         duplicate_window=cfg.duplicate_window_s,
-        discard=api.DiscardPolicy.OLD,
+        discard=api.DiscardPolicy.NEW if cfg.discard == "new" else api.DiscardPolicy.OLD,
+        max_msgs_per_subject=cfg.max_msgs_per_subject,
+        discard_new_per_subject=cfg.discard == "new" and cfg.max_msgs_per_subject > 0,
     )
     try:
         info = await js.stream_info(cfg.name)
@@ -43,9 +45,19 @@ async def ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamIn
         sorted(current.subjects or []) != sorted(STREAM_SUBJECTS)
         or current.max_age != cfg.max_age_s
         or current.max_bytes != cfg.max_bytes
+        or current.discard != config.discard
+        or current.max_msgs_per_subject != config.max_msgs_per_subject
+        or bool(current.discard_new_per_subject) != config.discard_new_per_subject
     ):
         info = await js.update_stream(config)
-        log.info("stream_updated", stream=cfg.name, max_age_s=cfg.max_age_s, max_bytes=cfg.max_bytes)
+        log.info(
+            "stream_updated",
+            stream=cfg.name,
+            max_age_s=cfg.max_age_s,
+            max_bytes=cfg.max_bytes,
+            discard=cfg.discard,
+            max_msgs_per_subject=cfg.max_msgs_per_subject,
+        )
     return info
 
 
