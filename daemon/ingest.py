@@ -177,6 +177,7 @@ class Ingest:
                 # Broker restarting, reconnecting, stream gone: what was in flight may be lost, so
                 # start the consumer again at next_seq once the broker answers.
                 log.warning("fetch_failed", error=repr(exc), next_seq=seq.next_seq)
+                self.metrics.stuck = f"fetch_failed: cannot fetch from stream {self.config.stream.name}: {exc!r}"
                 await self._unbind()
                 await anyio.sleep(0.5)
 

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import nats
@@ -49,7 +50,7 @@ def _message(run_id: str, rank: int, index: int, steps: int) -> bytes:
     return encode(Envelope(source=Source(run_id=run_id, rank=rank, world_size=8), seq=index + 1, records=[batch]))
 
 
-def _publish(url: str, run_id: str, ranks: int, messages: int, steps: int, first: int = 0, **limits: int) -> None:
+def _publish(url: str, run_id: str, ranks: int, messages: int, steps: int, first: int = 0, **limits: Any) -> None:
     """``ranks`` producers publish ``messages`` messages each, concurrently (interleaved in the stream)."""
 
     async def main() -> None:
@@ -111,9 +112,9 @@ def _paused(daemon: Daemon, url: str) -> Iterator[None]:
 
 
 @contextmanager
-def _live(url: str, tmp_path: Path, run_id: str, ranks: int, messages: int) -> Iterator[Daemon]:
+def _live(url: str, tmp_path: Path, run_id: str, ranks: int, messages: int, **env: str) -> Iterator[Daemon]:
     """A running daemon that has stored ``messages`` messages of 100 steps from each of ``ranks`` producers."""
-    daemon = Daemon(url, tmp_path / "data")
+    daemon = Daemon(url, tmp_path / "data", env=env)
     daemon.start()
     try:
         _publish(url, run_id, ranks, messages, 100)
@@ -247,7 +248,8 @@ def test_a_consumer_that_owes_messages_and_delivers_none_is_reported_and_rewound
 def test_a_consumer_recreated_from_the_start_redelivers_everything_and_nothing_is_applied_twice(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    with _live(nats_server.url, tmp_path, "again", 2, 10) as daemon:
+    # The stream keeps what was committed, so the recreated consumer has something to redeliver.
+    with _live(nats_server.url, tmp_path, "again", 2, 10, VIGIL_STREAM_PURGE_COMMITTED="false") as daemon:
         with _paused(daemon, nats_server.url):
             _js(nats_server.url, "delete_consumer", STREAM.name, STREAM.consumer)
             config = api.ConsumerConfig(durable_name=STREAM.consumer, ack_policy=api.AckPolicy.EXPLICIT)
@@ -351,7 +353,7 @@ def test_deleted_messages_become_data_loss_rows_and_everything_else_is_stored(
     steps = [step for (step,) in _file(data, "select step from steps order by step")]
     assert steps == [i * 100 + k for i in kept for k in range(100)]
     assert _file(data, "select last_seq from ingest_offsets") == [(30,)]
-    assert log.count('"data_loss"') == 3
+    assert log.count('"event": "data_loss"') == 3
 
 
 def test_messages_evicted_by_the_streams_limits_become_data_loss_rows(
@@ -360,10 +362,11 @@ def test_messages_evicted_by_the_streams_limits_become_data_loss_rows(
     """Evicted while no daemon ran (max_bytes), and purged at the stream's end (nothing after)."""
     limit = 200_000  # ~28 messages of 100 steps
     monkeypatch.setenv("VIGIL_STREAM_MAX_BYTES", str(limit))
+    monkeypatch.setenv("VIGIL_STREAM_DISCARD", "old")  # evict rather than refuse (the default)
     data = tmp_path / "data"
-    _publish(nats_server.url, "ev", 1, 10, 100, max_bytes=limit)
+    _publish(nats_server.url, "ev", 1, 10, 100, max_bytes=limit, discard="old")
     _drain(nats_server.url, data)
-    _publish(nats_server.url, "ev", 1, 40, 100, first=10, max_bytes=limit)
+    _publish(nats_server.url, "ev", 1, 40, 100, first=10, max_bytes=limit, discard="old")
     info = _js(nats_server.url, "stream_info", STREAM.name)
     assert isinstance(info, api.StreamInfo)
     first = info.state.first_seq
@@ -372,7 +375,7 @@ def test_messages_evicted_by_the_streams_limits_become_data_loss_rows(
     assert _file(data, "select first_seq, last_seq, count, reason from data_loss") == [
         (11, first - 1, first - 11, "evicted")
     ]
-    _publish(nats_server.url, "ev", 1, 5, 100, first=50, max_bytes=limit)
+    _publish(nats_server.url, "ev", 1, 5, 100, first=50, max_bytes=limit, discard="old")
     _js(nats_server.url, "purge_stream", STREAM.name)
     _drain(nats_server.url, data)
     assert _file(data, "select first_seq, last_seq, reason from data_loss order by 1") == [
@@ -392,8 +395,15 @@ def test_a_recreated_stream_is_followed_from_its_first_message_and_the_unknowabl
     with a ``stream_recreated`` data_loss row and stores every message of the new stream."""
     with _live(nats_server.url, tmp_path, "rec", 1, 10) as daemon:
         _js(nats_server.url, "delete_stream", STREAM.name)
+
+        def degraded() -> object:
+            health = _healthz(daemon.http_port)
+            return health["status"] == "degraded" and "fetch_failed" in str(health.get("reasons"))
+
+        wait_for(degraded, 20, "/healthz to say the daemon cannot fetch while the stream is gone")
         _publish(nats_server.url, "rec", 1, 3, 100, first=10)
         wait_for(lambda: _rows(daemon, "rec") == (1300, 1300), 30, "the new stream's messages")
+        wait_for(lambda: _healthz(daemon.http_port)["status"] == "ok", 20, "/healthz to recover")
         losses = daemon.sql("select first_seq, reason from data_loss").rows
         assert losses == [[11, "stream_recreated"]] or losses == [(11, "stream_recreated")], losses
         assert daemon.scalar("select last_seq from ingest_offsets") == 3
