@@ -55,15 +55,17 @@ def _publish(url: str, run_id: str, ranks: int, messages: int, steps: int, first
 
     async def main() -> None:
         nc = await nats.connect(url)
-        js = nc.jetstream()
-        await ensure_stream(js, StreamConfig(**limits) if limits else STREAM)
+        try:
+            js = nc.jetstream()
+            await ensure_stream(js, StreamConfig(**limits) if limits else STREAM)
 
-        async def producer(rank: int) -> None:
-            for index in range(first, first + messages):
-                await js.publish(f"vigil.v1.{run_id}.metrics", _message(run_id, rank, index, steps))
+            async def producer(rank: int) -> None:
+                for index in range(first, first + messages):
+                    await js.publish(f"vigil.v1.{run_id}.metrics", _message(run_id, rank, index, steps))
 
-        await asyncio.gather(*(producer(rank) for rank in range(ranks)))
-        await nc.close()
+            await asyncio.gather(*(producer(rank) for rank in range(ranks)))
+        finally:
+            await nc.close()
 
     asyncio.run(main())
 
@@ -86,9 +88,11 @@ def _steal(url: str, count: int) -> list[int]:
 
     async def main() -> list[int]:
         nc = await nats.connect(url)
-        sub = await nc.jetstream().pull_subscribe_bind(STREAM.consumer, STREAM.name)
-        msgs = await sub.fetch(count, timeout=5)
-        await nc.close()
+        try:
+            sub = await nc.jetstream().pull_subscribe_bind(STREAM.consumer, STREAM.name)
+            msgs = await sub.fetch(count, timeout=5)
+        finally:
+            await nc.close()
         return [m.metadata.sequence.stream for m in msgs]
 
     return asyncio.run(main())
