@@ -190,8 +190,9 @@ class Puller:
                 "no_wait": True,
             }
             await self._nc.publish(self._subject, json.dumps(request).encode(), reply=self._inbox)
-            # The server ends the request by itself; the margin covers a broker that went away.
-            with anyio.move_on_after(self.expires_s + 2.0):
+            # The server ends the request by itself; the margin covers a broker that went away
+            # (a restarted broker forgot the request: ask again soon).
+            with anyio.move_on_after(self.expires_s + 0.5):
                 await self._done.wait()
         pulled = Pulled(self._buffer, *self._status)
         self._buffer, self._status = [], ("", "")

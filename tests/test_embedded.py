@@ -53,6 +53,7 @@ def test_embedded_broker_is_started_restarted_and_stopped(tmp_path: Path) -> Non
         )
         assert second != first
         finish(run_producer(url, "embedded", 0, 200))
+        wait_for(lambda: _count_steps(url, data) == "200", 30, "the daemon to store the steps after the restart")
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(30) == 0
         assert not port_open("127.0.0.1", port), "the embedded broker stops with the daemon"
@@ -61,6 +62,11 @@ def test_embedded_broker_is_started_restarted_and_stopped(tmp_path: Path) -> Non
             daemon.kill()
             daemon.wait()
         log.close()
+    assert _count_steps(url, data) == "200", "the stored steps are there after the daemon stopped"
+
+
+def _count_steps(url: str, data: Path) -> str:
+    """``select count(*) from steps`` through the real CLI (the daemon, else the file)."""
     out = subprocess.run(
         [
             sys.executable,
@@ -80,7 +86,7 @@ def test_embedded_broker_is_started_restarted_and_stopped(tmp_path: Path) -> Non
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[1] == "200"
+    return out.stdout.splitlines()[1]
 
 
 def test_vigil_demo_trains_stores_and_alerts_on_the_corrupt_batch() -> None:
