@@ -5,7 +5,7 @@ puts one fault per trace at a random step, at several sizes. Each trace goes thr
 set of detectors exactly as live ingest feeds them (``feed.batches``: IngestBatches built with
 ``trainvigil.daemon.arrays``, 256-step chunks, chunk k of every rank before chunk k+1,
 ``batch.now`` = the batch's latest step time, idle ticks through silences, heartbeats,
-``RunEnd``), built with ``detectors.build(config)`` from ``trainvigil.daemon.config.load``.
+``RunEnd``), built with ``detectors.build(config.detectors)`` from ``trainvigil.daemon.config.load``.
 
 Per detector x fault x size it prints:
 
@@ -414,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [d.name for d in detectors.REGISTRY]
     faults = [k for k in traces.FAULTS if k.detector in names]
     missing = sorted({k.detector for k in traces.FAULTS} - set(names))
-    tally = evaluate(args.split, plan, {"report": lambda: detectors.build(config)}, faults, args.chunk)["report"]
+    tally = evaluate(args.split, plan, {"report": lambda: detectors.build(config.detectors)}, faults, args.chunk)[
+        "report"
+    ]
 
     print(
         f"\n# Detector evaluation: {args.split} seeds, {'quick' if args.quick else 'full'} plan, chunk {args.chunk}\n"

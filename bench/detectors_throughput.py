@@ -65,7 +65,7 @@ def fresh(batches: list[IngestBatch]) -> None:
 
 def timed_total(batches: list[IngestBatch], config: Any) -> tuple[float, int]:
     fresh(batches)
-    dets = detectors.build(config)
+    dets = detectors.build(config.detectors)
     alerts = 0
     start = time.perf_counter()
     for batch in batches:
@@ -75,7 +75,7 @@ def timed_total(batches: list[IngestBatch], config: Any) -> tuple[float, int]:
 
 def timed_each(batches: list[IngestBatch], config: Any) -> dict[str, float]:
     fresh(batches)
-    dets = detectors.build(config)
+    dets = detectors.build(config.detectors)
     spent = dict.fromkeys(["(per-stream grouping)", *(d.name for d in dets)], 0.0)
     clock = time.perf_counter
     for batch in batches:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target ≥ {TARGET_EVENTS_PER_S:,} events/s through all detectors (median): {rate:,.0f} -> {verdict}")
     if args.profile:
         fresh(batches)
-        dets = detectors.build(config)
+        dets = detectors.build(config.detectors)
         profiler = cProfile.Profile()
         profiler.enable()
         for batch in batches:

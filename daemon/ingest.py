@@ -118,7 +118,7 @@ class Ingest:
         self, js: JetStreamContext, store: Store, config: DaemonConfig, metrics: DaemonMetrics, alerts: Alerts
     ) -> None:
         self.js, self.store, self.config, self.metrics, self.alerts = js, store, config, metrics, alerts
-        self.detectors = detectors.build(config)
+        self.detectors = detectors.build(config.detectors)
         self.stopping = anyio.Event()
         self._puller: Puller | None = None
         self._stream_created: object = None

@@ -253,7 +253,7 @@ def replay_table(table: pa.Table, config: DaemonConfig | None = None, *, batch_s
     Raises:
         ReplayError: required columns missing or empty, or a column that is not numeric.
     """
-    active = detectors.build(config or DaemonConfig())
+    active = detectors.build((config or DaemonConfig()).detectors)
     found: list[Anomaly] = []
     for batch in batches(table, batch_steps=batch_steps):
         found.extend(detectors.run_all(active, batch))

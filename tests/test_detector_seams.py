@@ -74,7 +74,7 @@ class Hasty(Boom):
 
 def _with_boom(kind: type[Boom] = Boom) -> tuple[Detectors, Boom]:
     config = load(None, env={})
-    dets = detectors.build(config)
+    dets = detectors.build(config.detectors)
     boom = kind(config.detectors.grad_spike)
     dets.append(boom)
     return dets, boom
@@ -207,7 +207,7 @@ def test_a_failure_on_batches_of_no_run_is_counted_every_time_and_logged_once() 
             return super().__call__(batch)
 
     config = load(None, env={})
-    dets = Detectors([Brittle(config.detectors.stall), *detectors.build(config)])
+    dets = Detectors([Brittle(config.detectors.stall), *detectors.build(config.detectors)])
     with structlog.testing.capture_logs() as logs:
         run_all(dets, batch_of(_parts("a", 0)[0], now=0.0))
         for now in (10.0, 20.0, 200.0):
@@ -219,7 +219,7 @@ def test_a_failure_on_batches_of_no_run_is_counted_every_time_and_logged_once() 
 
 def test_run_all_refuses_a_plain_list_that_cannot_keep_its_bookkeeping() -> None:
     with pytest.raises(TypeError, match="Detectors"):
-        run_all(list(detectors.build(load(None, env={}))), IngestBatch())  # type: ignore[arg-type]
+        run_all(list(detectors.build(load(None, env={}).detectors)), IngestBatch())  # type: ignore[arg-type]
 
 
 def test_select_runs_keeps_or_drops_whole_runs_and_leaves_the_batch_alone() -> None:
@@ -287,7 +287,7 @@ def _ends(group: int, rank: int, now: float) -> list[tuple[Source, RunEnd]]:
 
 def test_ten_thousand_short_runs_that_end_leave_no_state_behind() -> None:
     """Rank 0 ends one batch after the run's start, rank 1 one batch later: run-level state waits for both."""
-    dets = detectors.build(load(None, env={}))
+    dets = detectors.build(load(None, env={}).detectors)
     groups = 10_000 // GROUP
     peak = dict.fromkeys(dets.tracked(), 0)
     for g in range(groups + 2):
@@ -310,7 +310,7 @@ def test_ten_thousand_short_runs_that_end_leave_no_state_behind() -> None:
 
 
 def test_ten_thousand_runs_that_just_stop_are_forgotten_after_the_idle_horizon() -> None:
-    dets = detectors.build(load(None, env={"VIGIL_DETECTORS_IDLE_FORGET_S": "100"}))
+    dets = detectors.build(load(None, env={"VIGIL_DETECTORS_IDLE_FORGET_S": "100"}).detectors)
     groups = 10_000 // GROUP
     peak = dict.fromkeys(dets.tracked(), 0)
     now = 1000.0
@@ -344,11 +344,11 @@ def test_run_tracker_ends_a_run_with_its_last_rank_and_a_restart_in_the_same_bat
 def test_a_detector_switched_off_in_toml_or_the_environment_is_not_built(tmp_path: Path) -> None:
     toml = tmp_path / "vigil.toml"
     toml.write_text("[detectors]\nidle_forget_s = 600\n[detectors.grad_spike]\nenabled = false\n")
-    dets = detectors.build(load(toml, env={"VIGIL_DETECTORS_STALL_ENABLED": "0"}))
+    dets = detectors.build(load(toml, env={"VIGIL_DETECTORS_STALL_ENABLED": "0"}).detectors)
     names = [d.name for d in dets]
     assert "grad_spike" not in names and "stall" not in names and "loss_spike" in names
     assert dets.runs.idle_forget_s == 600.0
-    everything = detectors.build(load(None, env={"VIGIL_DETECTORS_STALL_ENABLED": "true"}))
+    everything = detectors.build(load(None, env={"VIGIL_DETECTORS_STALL_ENABLED": "true"}).detectors)
     assert [d.name for d in everything] == [d.name for d in detectors.REGISTRY]
 
 

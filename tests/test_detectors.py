@@ -33,7 +33,7 @@ def run_detector(
 ) -> list[Anomaly]:
     """Feed every rank's trace through the detector ``name`` the way live ingest would."""
     overrides = {f"detectors.{name}.{k}": v for k, v in (settings or {}).items()}
-    (detector,) = [d for d in detectors.build(load(None, overrides, env={})) if d.name == name]
+    (detector,) = [d for d in detectors.build(load(None, overrides, env={}).detectors) if d.name == name]
     parts = {
         rank: chunks(
             step_columns_of("run", rank, np.arange(len(next(iter(m.values())))), m, (time or {}).get(rank)), chunk
@@ -311,7 +311,7 @@ def test_reward_hack_silent_on_healthy_ppo_run() -> None:
 
 def test_stall_pages_when_a_rank_goes_silent_and_clears_when_it_resumes() -> None:
     part = step_columns_of("run", 0, np.arange(100), {"loss": np.ones(100)}, time=np.arange(100.0))
-    (stall,) = [d for d in detectors.build(load(None, env={})) if d.name == "stall"]
+    (stall,) = [d for d in detectors.build(load(None, env={}).detectors) if d.name == "stall"]
     assert stall(batch_of(part, now=100.0)) == []
     assert stall(IngestBatch(now=150.0)) == []  # 50 s: under the 60 s floor
     alert = stall(IngestBatch(now=170.0))
@@ -322,7 +322,7 @@ def test_stall_pages_when_a_rank_goes_silent_and_clears_when_it_resumes() -> Non
 
 
 def test_stall_heartbeats_keep_a_run_alive_and_a_clean_end_never_stalls() -> None:
-    (stall,) = [d for d in detectors.build(load(None, env={})) if d.name == "stall"]
+    (stall,) = [d for d in detectors.build(load(None, env={}).detectors) if d.name == "stall"]
     src = Source(run_id="run", rank=0)
     stall(batch_of(step_columns_of("run", 0, np.arange(10), {"loss": np.ones(10)}, time=np.arange(10.0)), now=10.0))
     for now in (50.0, 100.0, 150.0):
@@ -347,7 +347,7 @@ def test_pause_events_exclude_steps_from_step_time_detectors() -> None:
 
 
 def test_a_cleanly_ended_stream_leaves_no_state_behind() -> None:
-    ds = detectors.build(load(None, env={}))
+    ds = detectors.build(load(None, env={}).detectors)
     part = step_columns_of("run", 0, np.arange(300), {"loss": noisy(80, n=300), "grad_norm": noisy(81, n=300)})
     detectors.run_all(ds, batch_of(part))
     stateful = [d for d in ds if isinstance(d, detectors.StreamDetector)]

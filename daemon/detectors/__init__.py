@@ -11,7 +11,7 @@ settings then appear in the daemon configuration as ``[detectors.<name>]`` (TOML
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -28,9 +28,6 @@ from .reward_hack import RewardHack
 from .slowdown import Slowdown
 from .stall import Stall
 from .straggler import Straggler
-
-if TYPE_CHECKING:
-    from ..config import DaemonConfig
 
 __all__ = [
     "REGISTRY",
@@ -76,8 +73,9 @@ DetectorsConfig: type[msgspec.Struct] = msgspec.defstruct(
 (``detectors.grad_spike.warn_z`` ...)."""
 
 
-def build(config: DaemonConfig) -> Detectors:
-    """A fresh instance of every enabled detector with its configured settings."""
-    tables: Any = config.detectors  # built by defstruct: its fields are not known statically
+def build(settings: msgspec.Struct) -> Detectors:
+    """A fresh instance of every enabled detector, from its table of ``settings``
+    (a :data:`DetectorsConfig`, e.g. ``DaemonConfig.detectors``)."""
+    tables: Any = settings  # built by defstruct: its fields are not known statically
     chosen = [(d, getattr(tables, d.name)) for d in REGISTRY]
     return Detectors((d(settings) for d, settings in chosen if settings.enabled), idle_forget_s=tables.idle_forget_s)
