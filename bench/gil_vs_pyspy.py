@@ -1,6 +1,6 @@
 """The GIL sampler side by side with py-spy, and what the sampler costs the code it watches.
 
-Part 1, accuracy: every reference workload (``trainvigil.agents.gil.workloads``: idle, sleeping,
+Part 1, accuracy: every reference workload (``tests/gil_workloads.py``: idle, sleeping,
 pipe I/O, numpy matmul/FFT, one and four pure-Python threads, sorted() of 2M items, a mix)
 runs in its own process with our sampler on, twice: alone, then with ``py-spy record --gil
 --nonblocking --threads`` attached to it for the same stretch (py-spy's reading of the
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 WORKLOADS = ["idle", "sleep", "pipe", "matmul", "fft", "python", "python4", "sorted", "mixed"]
+WORKLOAD_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "gil_workloads.py"
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SAMPLER_THREAD = "trainvigil-gil"
 RATE = 100
@@ -69,7 +70,7 @@ def py_spy_counts(raw: str) -> tuple[Counter[int], dict[int, str]]:
 
 
 def _workload(workload: str, seconds: float, warmup: float) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "trainvigil.agents.gil.workloads", workload]
+    cmd = [sys.executable, str(WORKLOAD_SCRIPT), workload]
     cmd += ["--seconds", str(seconds), "--warmup", str(warmup)]
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -1,6 +1,6 @@
 """The GIL sampler against real threads: the issue's "Must show" ranges, and the agent end to end.
 
-Each measurement runs a reference workload (``trainvigil.agents.gil.workloads``) in a fresh
+Each measurement runs a reference workload (``tests/gil_workloads.py``) in a fresh
 process, with ``OPENBLAS_NUM_THREADS=1`` set before numpy loads. The numbers are
 statistical and this box is shared, so a range gets up to three measurements; the ranges
 themselves are exactly the issue's.
@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,11 +21,12 @@ from support import Daemon, NatsServer, wait_for
 
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ATTEMPTS = 3
+WORKLOADS = Path(__file__).parent / "gil_workloads.py"
 MS = 1e-3
 
 
 def measure(workload: str, seconds: float = 1.5, switch_interval: float | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "trainvigil.agents.gil.workloads", workload, "--seconds", str(seconds)]
+    cmd = [sys.executable, str(WORKLOADS), workload, "--seconds", str(seconds)]
     if switch_interval is not None:
         cmd += ["--switch-interval", str(switch_interval)]
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
