@@ -146,6 +146,17 @@ def steps_table(parts: list[StepColumns]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=_STEP_FIELDS)
 
 
+def _create(path: Path) -> None:
+    """An empty database file in ``STORAGE_VERSION``; DuckDB keeps a file's format as it writes on.
+
+    Made through ``ATTACH ... (STORAGE_VERSION)``, not the ``storage_compatibility_version``
+    setting of the daemon's connection: that setting also limits what the connection serializes,
+    and the SQL sandbox must serialize every statement it judges (a write hidden in a CTE included).
+    """
+    with duckdb.connect() as con:
+        con.execute("ATTACH '{}' AS fresh (STORAGE_VERSION '{}')".format(str(path).replace("'", "''"), STORAGE_VERSION))
+
+
 def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Bring a file written by an older trainvigil up to ``SCHEMA_VERSION``, in one transaction.
 
@@ -211,16 +222,13 @@ class Store:
         self._open()
 
     def _open(self) -> None:
+        if not self.path.exists():
+            _create(self.path)
         # No file or network access from SQL, and nobody can turn it back on. Background
         # allocator threads hand memory of interrupted queries back to the system at once.
-        # New files are written in a storage format that DuckDB 1.x CLIs read (STORAGE_VERSION).
         con = duckdb.connect(
             str(self.path),
-            config={
-                "enable_external_access": False,
-                "allocator_background_threads": True,
-                "storage_compatibility_version": STORAGE_VERSION,
-            },
+            config={"enable_external_access": False, "allocator_background_threads": True},
         )
         # Times shown as text (``vigil sql`` answers, casts, date_trunc) do not depend on the host's
         # zone. Set before the lock: the time-zone extension is not loaded yet when ``config`` applies.
