@@ -179,7 +179,9 @@ class Agent:
         Returns ``True`` when every event reached the broker; ``False`` when anything was
         lost, for any reason: ``stats()["dropped"]`` says what by reason and
         ``stats()["last_error"]`` the last error seen. Events still undelivered at the
-        deadline are counted as dropped (``close_timeout``) and logged. Safe to call twice.
+        deadline (at once, when no broker was ever reached) are counted (``close_timeout``)
+        and kept in a file in ``spill_dir`` for the next agent or ``vigil push``; the log line
+        and ``stats()["kept_file"]`` name it. Safe to call twice.
         """
         if self._closed:
             return self._delivered_all()

@@ -6,15 +6,54 @@ import os
 import secrets
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from trainvigil.errors import ConfigError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+_SCHEMES = {"nats", "tls", "ws", "wss"}
+
+
+def default_spill_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """``$XDG_CACHE_HOME/trainvigil/spill``, else ``~/.cache/trainvigil/spill``: kept across
+    reboots (unlike a temp dir), so a run that never reached a broker can be delivered later."""
+    cache = env.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if os.path.isabs(cache) else Path.home() / ".cache"  # the XDG spec ignores relative paths
+    return base / "trainvigil" / "spill"
+
+
+def nats_servers(url: str, key: str = "nats_url (VIGIL_NATS_URL)") -> list[str]:
+    """The broker URLs in ``url``, comma-separated, each checked; a bare ``HOST:PORT`` gets ``nats://``.
+
+    Raises:
+        ConfigError: a part is not ``nats://``, ``tls://``, ``ws://`` or ``wss://`` with a host and
+            (optional) numeric port, nor ``HOST:PORT``; or websocket and plain URLs are mixed.
+    """
+    servers = []
+    for part in (p.strip() for p in url.split(",")):
+        full = part if "://" in part else f"nats://{part}"
+        try:
+            parts = urlsplit(full)
+            # Without a scheme a port is required: a lone word is a typo more often than a host name.
+            ok = parts.scheme in _SCHEMES and bool(parts.hostname) and parts.port != 0
+            ok = ok and (parts.port is not None or full == part)
+        except ValueError:  # a port that is not a number, or out of range
+            ok = False
+        if not ok:
+            what = f"is {url!r}" if part == url.strip() else f"{url!r} holds {part!r}"
+            raise ConfigError(
+                f"{key} {what}, not a NATS URL: use nats://HOST:PORT (or tls://, ws://, wss://, HOST:PORT), "
+                "several separated by commas",
+                key="nats_url",
+            )
+        servers.append(full)
+    if len({s.startswith(("ws://", "wss://")) for s in servers}) > 1:
+        raise ConfigError(f"{key} {url!r} mixes websocket and plain NATS URLs; use one kind", key="nats_url")
+    return servers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,12 +63,14 @@ class AgentOptions:
     Attributes:
         run_id: the run every rank of one training job shares.
         rank, local_rank, world_size: as torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``.
-        nats_url: the broker (``VIGIL_NATS_URL``).
+        nats_url: the broker (``VIGIL_NATS_URL``): ``nats://``, ``tls://``, ``ws://``, ``wss://`` URLs or
+            ``HOST:PORT``, several separated by commas.
         flush_interval: seconds between flushes of buffered steps.
         batch_size: a flush happens early once this many steps are buffered.
         max_buffer: steps held on the training thread's side before ``log()`` drops (counted).
         max_memory_bytes: encoded messages held in memory while the broker is away, then spilled.
-        spill_dir: where the append-only spill file goes.
+        spill_dir: where the append-only spill file goes, and where what is still undelivered at
+            exit is kept for the next agent or ``vigil push`` (default :func:`default_spill_dir`).
         max_spill_bytes: the spill file's bound; beyond it messages are dropped (counted).
         heartbeat_interval: seconds between heartbeats.
         ack_timeout: seconds to wait for JetStream to acknowledge a message before resending.
@@ -49,7 +90,7 @@ class AgentOptions:
     batch_size: int = 8192
     max_buffer: int = 1_000_000
     max_memory_bytes: int = 64 * 2**20
-    spill_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "trainvigil-spill")
+    spill_dir: Path = field(default_factory=default_spill_dir)
     max_spill_bytes: int = 2 * 2**30
     heartbeat_interval: float = 5.0
     ack_timeout: float = 5.0
@@ -69,6 +110,8 @@ class AgentOptions:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}", key=name)
         if not self.run_id:
             raise ConfigError("run_id must not be empty", key="run_id")
+        if self.enabled:  # a disabled agent never connects: its URL cannot stop the run
+            nats_servers(self.nats_url)
 
 
 _ENV_NAMES = {

@@ -3,6 +3,11 @@
 Order is kept exactly: once anything is spilled, new messages go to the file too until
 the file has been read back, so replay after a reconnect is in the order of ``push``.
 Only the publisher thread changes an Outbox; its counters may be read from any thread.
+
+:meth:`Outbox.seal` moves what is still held into a *sealed* file: :data:`SEALED_MAGIC`, a line
+naming the broker the messages were meant for, then the spill file's frames (subject,
+``Nats-Msg-Id``, payload, events), written under a temporary name and renamed, so a sealed
+file is always complete. :mod:`.push` delivers those later.
 """
 
 from __future__ import annotations
@@ -11,11 +16,16 @@ import contextlib
 import os
 import struct
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 _FRAME = struct.Struct("<III")  # subject length, message id length, payload length
 _EVENTS = struct.Struct("<I")
+_HEAD = _FRAME.size + _EVENTS.size
+SEALED_MAGIC = b"trainvigil-spill/1\n"
+"""The first bytes of a sealed file; then the broker's URL and a newline, then the frames."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,80 @@ class SpillError(OSError):
     def __init__(self, message: str, events: int) -> None:
         super().__init__(message)
         self.events = events
+
+
+def frame(msg: OutMsg) -> bytes:
+    """``msg`` as it is stored on disk."""
+    subject, msg_id = msg.subject.encode(), msg.msg_id.encode()
+    head = _FRAME.pack(len(subject), len(msg_id), len(msg.payload)) + _EVENTS.pack(msg.events)
+    return head + subject + msg_id + msg.payload
+
+
+def read_frame(f: BinaryIO) -> tuple[OutMsg, int] | None:
+    """The next message in ``f`` and its size on disk; ``None`` at the end of the file.
+
+    Raises:
+        OSError: the file ends inside a frame.
+    """
+    head = f.read(_HEAD)
+    if not head:
+        return None
+    if len(head) != _HEAD:
+        raise OSError("truncated frame header")
+    ls, lm, lp = _FRAME.unpack_from(head)
+    (events,) = _EVENTS.unpack_from(head, _FRAME.size)
+    body = f.read(ls + lm + lp)
+    if len(body) != ls + lm + lp:
+        raise OSError("truncated frame")
+    msg = OutMsg(body[:ls].decode(), body[ls : ls + lm].decode(), body[ls + lm :], events)
+    return msg, _HEAD + len(body)
+
+
+def copy_range(f: BinaryIO, start: int, end: int | None = None) -> Iterator[bytes]:
+    """The bytes of ``f`` from ``start`` to ``end`` (default: the end of the file), in chunks."""
+    f.seek(start)
+    left = -1 if end is None else end - start
+    while left:
+        chunk = f.read(1 << 20 if left < 0 else min(left, 1 << 20))
+        if not chunk:
+            if left > 0:
+                raise OSError(f"file ends {left} bytes early")
+            return
+        left -= len(chunk)
+        yield chunk
+
+
+def write_sealed(path: Path, broker: str, parts: Iterable[bytes]) -> None:
+    """Write a sealed file at ``path``, for ``broker``, holding ``parts`` (frames), all or nothing:
+    temporary name, fsync, rename.
+
+    Raises:
+        OSError: nothing was written at ``path`` (an earlier file there is untouched).
+    """
+    tmp = path.with_name(path.name + ".tmp")  # never matches a sealed file's suffix
+    try:
+        with open(tmp, "wb") as out:
+            out.write(SEALED_MAGIC + broker.encode() + b"\n")
+            for part in parts:
+                out.write(part)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_sealed_header(f: BinaryIO) -> str:
+    """The broker a sealed file was meant for; ``f`` is left at its first frame.
+
+    Raises:
+        ValueError: ``f`` is not a sealed file.
+    """
+    if f.read(len(SEALED_MAGIC)) != SEALED_MAGIC or not (line := f.readline(4096)).endswith(b"\n"):
+        raise ValueError("not a trainvigil spill file")
+    return line[:-1].decode()
 
 
 class Outbox:
@@ -96,16 +180,15 @@ class Outbox:
             self._memory_events -= msg.events
 
     def _spill(self, msg: OutMsg) -> bool:
-        subject, msg_id = msg.subject.encode(), msg.msg_id.encode()
-        frame = _FRAME.pack(len(subject), len(msg_id), len(msg.payload)) + _EVENTS.pack(msg.events)
-        size = len(frame) + len(subject) + len(msg_id) + len(msg.payload)
+        data = frame(msg)
+        size = len(data)
         if self.spilled_bytes + size > self._max_spill:
             return False
         self._spill_path.parent.mkdir(parents=True, exist_ok=True)
         # A fresh file when nothing is spilled: bytes left by a file that could not be removed never count.
         with open(self._spill_path, "ab" if self._spill_write else "wb") as f:
             try:
-                f.write(frame + subject + msg_id + msg.payload)
+                f.write(data)
                 f.flush()
             except OSError:
                 # A partial frame would shift every later one: cut the file back, then report.
@@ -135,17 +218,13 @@ class Outbox:
         with open(self._spill_path, "rb") as f:
             f.seek(self._spill_read)
             while n > 0 and self._spill_read < self._spill_write:
-                head = f.read(_FRAME.size + _EVENTS.size)
-                ls, lm, lp = _FRAME.unpack_from(head)
-                (events,) = _EVENTS.unpack_from(head, _FRAME.size)
-                subject = f.read(ls).decode()
-                msg_id = f.read(lm).decode()
-                payload = f.read(lp)
-                if len(payload) != lp:
+                item = read_frame(f)
+                if item is None:
                     raise OSError(f"spill file truncated at byte {self._spill_read}")
-                self._hold(OutMsg(subject, msg_id, payload, events))
-                self._spill_read += len(head) + ls + lm + lp
-                self._spilled_events -= events
+                msg, size = item
+                self._hold(msg)
+                self._spill_read += size
+                self._spilled_events -= msg.events
                 n -= 1
 
     def discard_spill(self) -> None:
@@ -157,3 +236,27 @@ class Outbox:
     @property
     def spill_path(self) -> Path:
         return self._spill_path
+
+    def seal(self, path: Path, broker: str) -> int:
+        """Move every message still held, oldest first, into a new sealed file at ``path``, for ``broker``.
+
+        Returns the events it holds; the outbox is empty afterwards.
+
+        Raises:
+            OSError: the file could not be written; the outbox is unchanged.
+        """
+        events = self.pending_events
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def parts() -> Iterator[bytes]:
+            for msg in self._memory:
+                yield frame(msg)
+            if self.spilled_bytes:
+                with open(self._spill_path, "rb") as f:
+                    yield from copy_range(f, self._spill_read, self._spill_write)
+
+        write_sealed(path, broker, parts())
+        self._memory.clear()
+        self._memory_bytes = self._memory_events = 0
+        self.discard_spill()
+        return events

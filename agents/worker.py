@@ -7,6 +7,11 @@ is away the outbox grows (memory, then spill file) and is replayed on reconnect;
 message carries a ``Nats-Msg-Id`` so a resend after a lost ack is de-duplicated. The id
 holds a random per-process nonce, so no other client can predict it and shadow a message.
 
+Without a broker nothing is lost at exit either: the first failed connect is logged once,
+and what is undelivered when ``close()`` ends is sealed into a file in the spill directory.
+Once connected, this thread also delivers the sealed files earlier runs left there for the
+same broker (:mod:`.push`), beside its own messages.
+
 No value and no failure ends this thread: what cannot be packed, encoded or held is
 dropped and counted by reason (the first few are logged by name), an unexpected exception
 is logged once per kind, and the loop goes on.
@@ -46,14 +51,16 @@ from trainvigil.schemas.subjects import Kind
 from ._drops import Drops
 from ._values import as_step, describe, wire_text
 from .columnar import Entry, StepBatchBuilder, split_step_batch
-from .options import AgentOptions
+from .options import AgentOptions, nats_servers
 from .outbox import Outbox, OutMsg, SpillError
+from .push import SUFFIX, broker_key, leftovers, publish_round, sealed_name, upload
 
 log = logging.getLogger("trainvigil.agent")
 
 _CHUNK = 256  # entries packed per slice of worker time (keeps each GIL hold well under 1 ms)
 _MAX_PAYLOAD = 768 * 1024  # below nats-server's default 1 MiB max_payload, with room for headers
 _POLL = 0.02  # seconds between checks of the buffers; cheap, and bounds flush latency
+_PICKUP_TRIES = 3  # passes over leftover files that failed, before leaving them to the next agent
 _KIND_OF: dict[type, Kind] = {
     RunEvent: "run",
     RunEnd: "run",
@@ -83,15 +90,22 @@ class Worker:
         self._last_step = last_step
         self._seq = 0
         # Unpredictable message ids; a worker made after fork draws its own.
-        self._id_prefix = f"{source.run_id}/{source.rank}/{source.host}/{source.pid}/{secrets.token_hex(8)}"
+        self._nonce = secrets.token_hex(8)
+        self._id_prefix = f"{source.run_id}/{source.rank}/{source.host}/{source.pid}/{self._nonce}"
+        # The live spill file; what is left at exit goes to a sealed file (push.SUFFIX) beside it.
+        self._sealed_name = sealed_name(run_token(source.run_id), source.rank, source.pid, self._nonce)
         self._outbox = Outbox(
             options.max_memory_bytes,
-            options.spill_dir / f"{self._spill_name()}.spill",
+            options.spill_dir / (self._sealed_name.removesuffix(SUFFIX) + ".live"),
             options.max_spill_bytes,
         )
         self._nc: NATS | None = None
         self._js: Any = None
         self._connected = False
+        self._ever_connected = False
+        self._connect_failed = False
+        self._pickup_pending = True  # until the first pass over leftover files is over
+        self.kept_file = ""
         self._closing = threading.Event()
         self._deadline = 0.0
         self._end_status = "ok"
@@ -101,9 +115,6 @@ class Worker:
         self._last_error = ""
         self._failures: set[str] = set()
         self.thread = threading.Thread(target=self._thread_main, name="trainvigil-agent", daemon=True)
-
-    def _spill_name(self) -> str:
-        return f"{run_token(self.source.run_id)}-r{self.source.rank}-p{self.source.pid}"
 
     # ---- called from the training thread -------------------------------------------------
 
@@ -125,6 +136,7 @@ class Worker:
             "spilled_bytes": self._outbox.spilled_bytes,
             "dropped": self.drops.snapshot(),
             "last_error": self._last_error,
+            "kept_file": self.kept_file,
         }
 
     # ---- the thread ----------------------------------------------------------------------
@@ -139,6 +151,7 @@ class Worker:
     async def _main(self) -> None:
         connector = asyncio.create_task(self._connect())
         sender = asyncio.create_task(self._send_loop())
+        pickup = asyncio.create_task(self._pickup())
         next_flush = time.monotonic() + self.options.flush_interval
         next_heartbeat = time.monotonic()
         try:
@@ -160,25 +173,49 @@ class Worker:
                 self._push_records([self._run_end()])
             except Exception as exc:
                 self._failed("flushing at close", exc, "worker_error", 1)
-            while len(self._outbox) and time.monotonic() < self._deadline:
+            # A leftover upload under way may finish too; a broker never reached is not waited for.
+            while (len(self._outbox) or self._pickup_pending) and time.monotonic() < self._deadline:
+                if self._connect_failed and not self._ever_connected:
+                    break
                 await asyncio.sleep(_POLL)
         finally:
-            connector.cancel()
-            sender.cancel()
-            await asyncio.gather(connector, sender, return_exceptions=True)
+            for task in (connector, sender, pickup):
+                task.cancel()
+            await asyncio.gather(connector, sender, pickup, return_exceptions=True)
             self._finish()
 
     def _finish(self) -> None:
-        lost = self._outbox.pending_events
-        if lost:
-            self.drops.add("close_timeout", lost)
-            log.warning(
-                "trainvigil: %d events not delivered before close() deadline (broker %s unreachable?)",
-                lost,
-                self.options.nats_url,
-            )
-            self._outbox.discard_spill()
+        """Keep what was not delivered in a sealed file, for the next agent or ``vigil push``."""
         self._report_drops(force=True)
+        pending = self._outbox.pending_events
+        if len(self._outbox):
+            # Counted as close_timeout, kept or not: close() says False while anything is undelivered.
+            # The line below says which, so the drops report above leaves them out.
+            self.drops.add("close_timeout", pending)
+            url = self.options.nats_url
+            why = f"broker {url} did not acknowledge them in time" if self._ever_connected else f"no broker at {url}"
+            where = self.options.spill_dir
+            try:
+                self._outbox.seal(where / self._sealed_name, broker_key(url))
+            except Exception as exc:
+                log.warning(
+                    "trainvigil: %d events lost: not delivered (%s) and not kept, cannot write %s: %s",
+                    pending,
+                    why,
+                    where / self._sealed_name,
+                    exc,
+                )
+                self._outbox.discard_spill()
+            else:
+                self.kept_file = str(where / self._sealed_name)
+                log.warning(
+                    "trainvigil: %d events not delivered (%s); kept in %s: the next agent on this machine that "
+                    "reaches that broker sends them, or run: vigil push %s",
+                    pending,
+                    why,
+                    self.kept_file,
+                    where,
+                )
 
     def _failed(self, doing: str, exc: BaseException, reason: str = "", lost: int = 0) -> None:
         """An unexpected exception: counted (``lost`` events for ``reason``), kept as
@@ -335,12 +372,14 @@ class Worker:
 
         async def on_error(exc: Exception) -> None:
             self._last_error = repr(exc)
+            if not self._ever_connected:  # nats-py retries the first connect itself, reporting each failure here
+                self._connect_failed_once(exc)
 
         delay = 0.1
         while True:
             try:
                 self._nc = await nats.connect(
-                    self.options.nats_url,
+                    nats_servers(self.options.nats_url),
                     name=f"trainvigil-agent {self.source.run_id}/{self.source.rank}",
                     connect_timeout=1,
                     reconnect_time_wait=0.25,
@@ -352,7 +391,7 @@ class Worker:
                     pending_size=16 * 2**20,
                 )
                 self._js = self._nc.jetstream(publish_async_max_pending=self.options.max_inflight * 2)
-                self._connected = True
+                self._connected = self._ever_connected = True
                 try:
                     await asyncio.Future()  # hold the connection until cancelled
                 finally:
@@ -361,8 +400,68 @@ class Worker:
                 raise
             except Exception as exc:
                 self._last_error = repr(exc)
+                self._connect_failed_once(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    def _connect_failed_once(self, exc: BaseException) -> None:
+        """Say once, at the first failed connect, that data is kept and where."""
+        if self._connect_failed:
+            return
+        self._connect_failed = True
+        log.warning(
+            "trainvigil: no broker answers at %s (%s: %s); metrics are kept locally (in memory, then under %s) and "
+            "sent once it answers; what is left at exit stays in %s for the next run or `vigil push`",
+            self.options.nats_url,
+            type(exc).__name__,
+            exc,
+            self.options.spill_dir,
+            self.options.spill_dir,
+        )
+
+    async def _pickup(self) -> None:
+        """Once connected, deliver the sealed files earlier runs left in the spill directory for this broker.
+
+        ``_pickup_pending`` is true until the first pass is over and during each later one:
+        ``close()`` lets such a pass finish (within its deadline), never a wait between passes.
+        """
+        failed: list[str] = []
+        try:
+            for attempt in range(_PICKUP_TRIES):
+                while self._js is None or not self._connected:
+                    await asyncio.sleep(_POLL)
+                self._pickup_pending = True
+                failed = []
+                for path in leftovers(self.options.spill_dir):
+                    result = await upload(
+                        self._js,
+                        path,
+                        max_inflight=self.options.max_inflight,
+                        ack_timeout=self.options.ack_timeout,
+                        only_for=broker_key(self.options.nats_url),
+                    )
+                    if result.error:
+                        failed.append(f"{path.name}: {result.error}")
+                    elif result.done:
+                        log.info("trainvigil: delivered %d leftover events from %s", result.events, path)
+                self._pickup_pending = False
+                if not failed or self._closing.is_set():
+                    break
+                await asyncio.sleep(2.0 * (attempt + 1))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed("delivering leftover spill files", exc)
+        finally:
+            self._pickup_pending = False
+        if failed:
+            log.warning(
+                "trainvigil: %d leftover spill file(s) not delivered (%s); they stay in %s for the next run or "
+                "`vigil push`",
+                len(failed),
+                "; ".join(failed[:3]),
+                self.options.spill_dir,
+            )
 
     async def _send_loop(self) -> None:
         """Publish the outbox oldest first; drop from it only what JetStream acknowledged."""
@@ -374,7 +473,11 @@ class Worker:
                 continue
             try:
                 msgs = self._outbox.peek(self.options.max_inflight)
-                acked = await self._publish_round(js, msgs)
+                acked, error = await publish_round(js, msgs, self.options.ack_timeout)
+                if error is not None:
+                    if isinstance(error, asyncio.CancelledError) and self._closing.is_set():
+                        raise error
+                    self._last_error = repr(error)
                 self._outbox.pop(acked)
                 self.delivered_events += sum(m.events for m in msgs[:acked])
                 stalled = acked < len(msgs)
@@ -389,31 +492,6 @@ class Worker:
                 backoff = min(backoff * 2, 1.0)
             else:
                 backoff = 0.05
-
-    async def _publish_round(self, js: Any, msgs: list[OutMsg]) -> int:
-        """Publish ``msgs`` pipelined; return how many from the front were acknowledged."""
-        timeout = self.options.ack_timeout
-        futures = []
-        try:
-            for m in msgs:
-                fut = await js.publish_async(
-                    m.subject, m.payload, wait_stall=timeout, headers={"Nats-Msg-Id": m.msg_id}
-                )
-                futures.append(fut)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._last_error = repr(exc)
-        results = await asyncio.gather(*(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True)
-        acked = 0
-        for result in results:
-            if isinstance(result, BaseException):
-                if isinstance(result, asyncio.CancelledError) and self._closing.is_set():
-                    raise result
-                self._last_error = repr(result)
-                break
-            acked += 1
-        return acked
 
 
 def _name(record: Record) -> str:

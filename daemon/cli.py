@@ -299,7 +299,7 @@ def _push(args: argparse.Namespace) -> int:
     import itertools
 
     from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
-    from trainvigil.agents.push import FileResult, PushIncompleteError, leftovers, push
+    from trainvigil.agents.push import FileResult, PushIncompleteError, broker_key, leftovers, push
 
     from trainvigil.errors import ConfigError
 
@@ -311,13 +311,15 @@ def _push(args: argparse.Namespace) -> int:
         print(f"vigil: nothing to push in {where}", file=sys.stderr)
         return EXIT_OK
     url = args.nats_url or os.environ.get("VIGIL_NATS_URL") or DEFAULT_NATS_URL
+    key = broker_key(url)
     counter = itertools.count(1)
 
     def progress(r: FileResult) -> None:
         done = "delivered" if r.done else "skipped (another process has it)" if r.skipped else "NOT delivered"
+        meant = f" (kept for {r.broker})" if r.broker and r.broker != key else ""
         print(
-            f"vigil: [{next(counter)}/{len(paths)}] {r.path.name}: {done}, {r.messages} messages, {r.bytes} bytes"
-            + (f"; {r.error}" if r.error else ""),
+            f"vigil: [{next(counter)}/{len(paths)}] {r.path.name}{meant}: {done}, {r.messages} messages, "
+            f"{r.bytes} bytes" + (f"; {r.error}" if r.error else ""),
             file=sys.stderr,
             flush=True,
         )

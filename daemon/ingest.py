@@ -365,10 +365,13 @@ class Ingest:
         ``discard = "new"`` the stream's limits then only count what the daemon still owes."""
         cfg = self.config.stream
         now = time.monotonic()
-        if not cfg.purge_committed or now < self._next_purge or self.store.last_seq <= self._purged_below:
+        if not cfg.purge_committed or now < self._next_purge or self.store.last_seq <= self._purged_below + 1:
             return
         self._next_purge = now + PURGE_INTERVAL_S
-        upto = self.store.last_seq + 1
+        # Keep the last committed message: the stream's first sequence then never passes what the
+        # daemon still needs, so a hole after it is judged by what happened to it (deleted,
+        # evicted), not by this purge.
+        upto = self.store.last_seq
         try:
             await self.js.purge_stream(cfg.name, seq=upto)
             self._purged_below = upto

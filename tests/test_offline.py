@@ -1,0 +1,200 @@
+"""Runs without a broker keep their data: sealed spill files, delivered by the next agent or ``vigil push``."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support import Daemon, NatsServer, finish, run_producer, wait_for
+from trainvigil.agents.options import AgentOptions, default_spill_dir
+from trainvigil.agents.outbox import OutMsg, frame, read_frame, read_sealed_header, write_sealed
+from trainvigil.agents.push import upload
+from trainvigil.daemon.natsserver import free_port
+from trainvigil.schemas import StepBatch, decode
+
+import trainvigil
+from trainvigil.errors import ConfigError
+
+N = 2000
+WARNING = "no broker answers at"
+
+
+@pytest.fixture
+def spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The spill directory every agent of the test (in-process or child) uses."""
+    where = tmp_path / "spill"
+    monkeypatch.setenv("VIGIL_SPILL_DIR", str(where))
+    return where
+
+
+def _steps_in(path: Path) -> list[int]:
+    """The steps a sealed file holds, read with the agent's own frame reader."""
+    steps: list[int] = []
+    with open(path, "rb") as f:
+        read_sealed_header(f)
+        while (item := read_frame(f)) is not None:
+            for record in decode(item[0].payload).records:
+                if isinstance(record, StepBatch):
+                    steps += np.frombuffer(record.step, "<i8").tolist()
+    return steps
+
+
+def _run_offline(run_id: str, spill: Path, url: str | None = None) -> Path:
+    """A producer process that never reaches a broker: it exits at once, warns once, keeps all N steps."""
+    proc = run_producer(url or f"nats://127.0.0.1:{free_port()}", run_id, 0, N)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - started
+    stderr = err.decode()
+    assert proc.returncode == 1, stderr  # close() is False: nothing was delivered yet
+    assert elapsed < 20, f"close(timeout=60) without a broker took {elapsed:.1f} s"
+    assert stderr.count(WARNING) == 1, stderr
+    assert f"vigil push {spill}" in stderr, stderr
+    [kept] = spill.glob(f"{run_id}-r0-p*.spill")
+    assert sorted(_steps_in(kept)) == list(range(N))
+    return kept
+
+
+def _push(spill: Path, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", "push", str(spill), "--nats", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _rows(daemon: Daemon, run_id: str) -> int:
+    return int(daemon.scalar(f"select count(*) from steps where run_id = '{run_id}'"))
+
+
+def test_offline_run_keeps_its_steps_and_vigil_push_delivers_them_exactly_once(
+    daemon: Daemon, nats_server: NatsServer, spill: Path
+) -> None:
+    _run_offline("offline-push", spill)
+    pushed = _push(spill, nats_server.url)
+    assert pushed.returncode == 0, pushed.stderr
+    assert "delivered" in pushed.stderr and "pushed 1 of 1 files" in pushed.stderr, pushed.stderr
+    wait_for(lambda: _rows(daemon, "offline-push") >= N, 30, f"{N} rows")
+    assert _rows(daemon, "offline-push") == N
+    assert daemon.scalar("select count(distinct step) from steps where run_id = 'offline-push'") == N
+    assert list(spill.iterdir()) == [], "a delivered file is removed"
+    again = _push(spill, nats_server.url)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to push" in again.stderr
+    assert _rows(daemon, "offline-push") == N
+    assert daemon.scalar("select count(*) from events where run_id = 'offline-push' and kind = 'run_end'") == 1
+
+
+def test_vigil_push_exits_3_when_no_broker_answers_and_keeps_the_file(spill: Path) -> None:
+    kept = _run_offline("offline-nobroker", spill)
+    pushed = _push(spill, f"nats://127.0.0.1:{free_port()}")
+    assert pushed.returncode == 3, pushed.stderr
+    assert pushed.stderr.startswith("vigil: no NATS broker answered"), pushed.stderr
+    assert kept.exists()
+
+
+def test_next_agent_delivers_the_leftover_files_meant_for_its_broker(tmp_path: Path, spill: Path) -> None:
+    server = NatsServer(tmp_path / "jetstream")  # its port stays closed until it starts
+    daemon = Daemon(server.url, tmp_path / "data")
+    kept = _run_offline("offline-left", spill, server.url)
+    elsewhere = _run_offline("offline-elsewhere", spill)
+    server.start()
+    try:
+        daemon.start()
+        finish(run_producer(server.url, "online-next", 0, N))
+        # The next agent's close() lets the upload under way finish, so the file is gone when it exits.
+        assert not kept.exists(), "the leftover file is removed once every message was acknowledged"
+        assert elsewhere.exists(), "a file meant for another broker waits for vigil push"
+        for run_id in ("offline-left", "online-next"):
+            wait_for(lambda run_id=run_id: _rows(daemon, run_id) >= N, 30, f"{N} rows of {run_id}")
+            assert _rows(daemon, run_id) == N
+        assert _rows(daemon, "offline-elsewhere") == 0
+    finally:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.kill()
+        server.stop()
+
+
+# ---- the pieces, without a broker -------------------------------------------------------------
+
+
+class _FakeJetStream:
+    """Acknowledges the first ``budget`` messages it is given, then fails every one."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.ids: list[str] = []
+
+    async def publish_async(self, subject: str, payload: bytes, wait_stall: float, headers: dict[str, str]) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.budget > 0:
+            self.budget -= 1
+            self.ids.append(headers["Nats-Msg-Id"])
+            fut.set_result(None)
+        else:
+            fut.set_exception(TimeoutError("no ack"))
+        return fut
+
+
+def _sealed(path: Path, count: int) -> list[OutMsg]:
+    msgs = [OutMsg("vigil.v1.r.metrics", f"r/0/h/1/nonce/{i}", bytes([i]) * 10, 1) for i in range(count)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_sealed(path, "nats://127.0.0.1:4222", (frame(m) for m in msgs))
+    return msgs
+
+
+def test_partial_upload_keeps_only_the_unacknowledged_rest_then_removes_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "x-r0-p1-n.spill"
+    msgs = _sealed(path, 10)
+    first = _FakeJetStream(budget=4)
+    result = asyncio.run(upload(first, path, max_inflight=3, ack_timeout=1))
+    assert (result.messages, result.events) == (4, 4)
+    assert result.error and path.exists()
+    second = _FakeJetStream(budget=100)
+    result = asyncio.run(upload(second, path, max_inflight=3, ack_timeout=1))
+    assert result.done and result.messages == 6
+    assert first.ids + second.ids == [m.msg_id for m in msgs], "each message once, in order, with its own id"
+    assert not path.exists()
+
+
+def test_a_file_another_process_holds_is_skipped_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "x-r0-p1-n.spill"
+    _sealed(path, 3)
+    before = path.read_bytes()
+    with open(path, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        js = _FakeJetStream(budget=100)
+        result = asyncio.run(upload(js, path, max_inflight=8, ack_timeout=1))
+    assert result.skipped and not js.ids
+    assert path.read_bytes() == before
+
+
+def test_default_spill_dir_is_under_the_user_cache_dir() -> None:
+    assert default_spill_dir({"XDG_CACHE_HOME": "/c"}) == Path("/c/trainvigil/spill")
+    assert default_spill_dir({"XDG_CACHE_HOME": "relative"}) == Path.home() / ".cache/trainvigil/spill"
+    assert default_spill_dir({}) == Path.home() / ".cache/trainvigil/spill"
+
+
+# ---- URLs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["garbage", "http://x", "nats://host:notaport", "nats://a:1,", "nats://a:1,ws://b:2"])
+def test_malformed_nats_url_is_a_config_error_at_init(url: str, spill: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIGIL_NATS_URL", url)
+    with pytest.raises(ConfigError, match="VIGIL_NATS_URL"):
+        trainvigil.init(run_id="bad-url")
+
+
+@pytest.mark.parametrize(
+    "url", ["nats://h:4222", "tls://h", "ws://h:8080", "wss://h", "h:4222", "nats://a:1, nats://b:2", "[::1]:4222"]
+)
+def test_nats_url_accepts_nats_tls_ws_wss_host_port_and_lists(url: str, tmp_path: Path) -> None:
+    assert AgentOptions(run_id="r", nats_url=url, spill_dir=tmp_path).nats_url == url
