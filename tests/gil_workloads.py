@@ -2,7 +2,7 @@
 
 Run one under the sampler and print the result as JSON::
 
-    OPENBLAS_NUM_THREADS=1 python -m trainvigil.agents.gil.workloads python --seconds 1.5
+    OPENBLAS_NUM_THREADS=1 python tests/gil_workloads.py python --seconds 1.5
 
 numpy reads ``OPENBLAS_NUM_THREADS`` when it loads, and ``trainvigil`` loads numpy, so set
 it in the environment (not in code) for the ``matmul``/``fft``/``mixed`` workloads.
@@ -105,7 +105,7 @@ WORKLOADS: dict[str, Start] = {
 
 def run(name: str, seconds: float, *, sample: bool = True, warmup: float = 0.2) -> dict[str, object]:
     """Run workload ``name`` for ``seconds`` (after ``warmup``), measured by the sampler if ``sample``."""
-    from .sampler import GilSampler
+    from trainvigil.agents.gil.sampler import GilSampler
 
     stop = threading.Event()
     threads = WORKLOADS[name](stop)
