@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+
 from trainvigil.schemas import CheckpointDigest
 
 from .digest import digest
@@ -78,7 +79,7 @@ class Parity:
                 if done is not None:
                     done.synchronize()
                 d = digest(snapshot, self.algo, threads=1)  # one thread: training keeps the other cores
-                self.agent._emit(
+                self.agent.publish(
                     CheckpointDigest(
                         time=time.time(), step=step, algo=d.algo, root=d.root, tensors=d.entries, origin="parity"
                     )

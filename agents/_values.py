@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
 from trainvigil.schemas import RunEvent
 from trainvigil.schemas.limits import MAX_FIELDS_DEPTH, MAX_NAME
 

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
+from trainvigil._version import __version__
 from trainvigil.schemas import Record, RunStart, Source
 from trainvigil.schemas.limits import MAX_TEXT
 
-from trainvigil._version import __version__
-
+from . import _current
 from ._drops import Drops
 from ._values import make_event, wire_text
 from .columnar import Entry
@@ -38,7 +38,6 @@ log = logging.getLogger("trainvigil.agent")
 _live: weakref.WeakSet[Agent] = weakref.WeakSet()
 _orphans: list[Worker] = []  # a forked child keeps its parent's dead worker alive, never closes it
 _now = time.time
-_current: Agent | None = None
 
 
 class Agent:
@@ -86,7 +85,7 @@ class Agent:
             self._gil = GilSampler(opts.gil_interval, self._gil_period, name=opts.run_id).start()
 
     def _gil_period(self, result: GilResult) -> None:
-        self._emit(result.to_record(time.time()))
+        self.publish(result.to_record(time.time()))
 
     @property
     def run_id(self) -> str:
@@ -130,8 +129,9 @@ class Agent:
             self._drops.add(reason, note=note)
         self._records.append(event)
 
-    def _emit(self, record: Record) -> None:
-        """Queue any wire record (checkpoint digests come from other threads through here)."""
+    def publish(self, record: Record) -> None:
+        """Queue any wire record (checkpoint digests and GIL samples come from other threads through
+        here); like :meth:`log`, it never blocks and never raises."""
         if len(self._records) < self._max_buffer:
             self._records.append(record)
         else:
@@ -160,7 +160,7 @@ class Agent:
         def done(f: Future[Any]) -> None:
             exc = f.exception()
             if exc is None:
-                self._emit(saved_record(f.result(), path, step))
+                self.publish(saved_record(f.result(), path, step))
                 published.set_result(f.result())
             else:
                 self._drops.add("ckpt_digest_failed", note=f"checkpoint digest of {path}")
@@ -197,9 +197,7 @@ class Agent:
             self._gil.stop()  # its last, partial period still goes out
         timeout = max(0.0, deadline - time.monotonic())
         self._closed = True
-        global _current
-        if _current is self:
-            _current = None
+        _current.clear(self)
         self._max_buffer = 0
         worker = self._worker
         if worker is None:
@@ -286,15 +284,14 @@ def init(
     opts, generated = resolve(run_id, rank, nats_url, options)
     if generated and opts.enabled:
         announce_run_id(opts.run_id)
-    global _current
     agent = Agent(opts)
-    _current = agent
+    _current.set_to(agent)
     return agent
 
 
 def current_agent() -> Agent | None:
     """The agent the last :func:`init` started in this process, until it is closed."""
-    return _current
+    return cast("Agent | None", _current.get())
 
 
 __all__ = ["Agent", "current_agent", "init"]

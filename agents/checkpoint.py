@@ -28,16 +28,13 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from trainvigil.schemas import CheckpointDigest
+from typing import Any
 
 from trainvigil.errors import CheckpointIntegrityError, ManifestMissingError
+from trainvigil.schemas import CheckpointDigest
 
+from . import _current
 from .digest import StateDigest, digest, leaves
-
-if TYPE_CHECKING:
-    from .agent import Agent
 
 log = logging.getLogger("trainvigil.checkpoint")
 
@@ -98,12 +95,6 @@ class Verification:
         return self.expected.differing(self.actual)
 
 
-def _current() -> Agent | None:
-    from .agent import current_agent
-
-    return current_agent()
-
-
 def _record(d: StateDigest, path: str, step: int | None, origin: str, ok: bool = True) -> CheckpointDigest:
     return CheckpointDigest(
         time=time.time(),
@@ -142,9 +133,9 @@ def save(
     torch.save(obj, path, **torch_save_kwargs)
     d = digest(obj, algo, threads=threads)
     write_manifest(path, d, step)
-    agent = _current()
+    agent = _current.get()
     if agent is not None:
-        agent._emit(_record(d, os.fspath(path), step, "save"))
+        agent.publish(_record(d, os.fspath(path), step, "save"))
     return d
 
 
@@ -183,9 +174,9 @@ def load(path: str | os.PathLike[str], verify: bool = True, **torch_load_kwargs:
 
         return torch.load(path, **torch_load_kwargs)
     result, obj = verify_file(path, **torch_load_kwargs)
-    agent = _current()
+    agent = _current.get()
     if agent is not None:
-        agent._emit(_record(result.actual, os.fspath(path), result.step, "load", ok=result.ok))
+        agent.publish(_record(result.actual, os.fspath(path), result.step, "load", ok=result.ok))
     if not result.ok:
         raise CheckpointIntegrityError(os.fspath(path), result.differing)
     return obj

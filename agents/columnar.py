@@ -19,6 +19,7 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
+
 from trainvigil.schemas import Column, StepBatch
 from trainvigil.schemas.limits import MAX_NAME
 

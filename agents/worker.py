@@ -31,6 +31,7 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
+
 from trainvigil.schemas import (
     CheckpointDigest,
     Envelope,

@@ -161,6 +161,7 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.
 
 async def create_stream(url: str) -> None:
     import nats
+
     from trainvigil.schemas import STREAM_SUBJECTS
 
     nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=1)

@@ -3,7 +3,7 @@
 Clean traces (``traces.supervised`` / ``traces.rl``) look like real training; ``traces.FAULTS``
 puts one fault per trace at a random step, at several sizes. Each trace goes through a fresh
 set of detectors exactly as live ingest feeds them (``feed.batches``: IngestBatches built with
-``trainvigil.daemon.arrays``, 256-step chunks, chunk k of every rank before chunk k+1,
+``trainvigil.daemon.batch.from_arrays``, 256-step chunks, chunk k of every rank before chunk k+1,
 ``batch.now`` = the batch's latest step time, idle ticks through silences, heartbeats,
 ``RunEnd``), built with ``detectors.build(config.detectors)`` from ``trainvigil.daemon.config.load``.
 
@@ -53,6 +53,7 @@ import msgspec
 import numpy as np
 import traces
 from tables import table
+
 from trainvigil.daemon import detectors
 from trainvigil.daemon.config import DaemonConfig, load
 

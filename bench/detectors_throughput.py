@@ -34,9 +34,10 @@ import feed
 import numpy as np
 import traces
 from tables import table
+
 from trainvigil.daemon import detectors
+from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.config import load
-from trainvigil.daemon.decode import IngestBatch
 from trainvigil.daemon.detectors._series import streams
 
 TARGET_EVENTS_PER_S = 1_000_000

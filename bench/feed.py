@@ -18,8 +18,9 @@ from collections.abc import Iterator
 
 import numpy as np
 from traces import HEARTBEAT_S, Trace
-from trainvigil.daemon.arrays import batch_of, step_columns_of
-from trainvigil.daemon.decode import IngestBatch
+
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.batch.from_arrays import batch_of, step_columns_of
 from trainvigil.schemas import Heartbeat, RunEnd, Source
 
 

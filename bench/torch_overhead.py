@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from trainvigil.daemon.natsserver import find_binary, free_port, port_open, server_args
 
 import trainvigil
+from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
 from trainvigil.torch import watch
 
 

@@ -53,7 +53,7 @@ class RankTrace:
     present: dict[str, np.ndarray] = field(default_factory=dict)
 
     def columns(self) -> dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]]:
-        """Metrics as :func:`trainvigil.daemon.arrays.step_columns_of` takes them."""
+        """Metrics as :func:`trainvigil.daemon.batch.from_arrays.step_columns_of` takes them."""
         return {k: (v, self.present[k]) if k in self.present else v for k, v in self.metrics.items()}
 
 

@@ -12,17 +12,16 @@ import nats.errors
 import structlog
 from anyio.abc import TaskStatus
 
+from trainvigil.daemon.alerts.fanout import Alerts
+from trainvigil.daemon.broker.embedded import BrokerUnavailableError, port_open, speaks_nats, supervise
+from trainvigil.daemon.broker.jetstream import ensure_stream
+from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.ingest.pipeline import Ingest
+from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.daemon.store.responder import serve_queries
+from trainvigil.daemon.store.writer import Store
+from trainvigil.daemon.web.http import serve_http
 from trainvigil.errors import ConfigError
-
-from .alerts import Alerts
-from .config import DaemonConfig
-from .http import serve_http
-from .ingest import Ingest
-from .jetstream import ensure_stream
-from .metrics import DaemonMetrics
-from .natsserver import BrokerUnavailableError, port_open, speaks_nats, supervise
-from .responder import serve_queries
-from .store import Store
 
 log = structlog.get_logger("trainvigil.daemon")
 

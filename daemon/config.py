@@ -17,9 +17,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from trainvigil.daemon.detectors import DetectorsConfig
 from trainvigil.errors import ConfigError
-
-from .detectors import DetectorsConfig
 
 _NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 

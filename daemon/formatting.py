@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from .query import QueryResult
+from trainvigil.schemas.query import QueryResult
 
 
 def _cell(value: Any) -> str:

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainvigil.daemon.natsserver import find_binary, free_port, port_open, server_args
-from trainvigil.daemon.query import QueryRequest, QueryResult
-from trainvigil.daemon.sqlclient import ask_daemon
+from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
+from trainvigil.daemon.cli.sqlclient import ask_daemon
+from trainvigil.schemas.query import QueryRequest, QueryResult
 
 HERE = Path(__file__).parent
 CHILD_OFFSET = 1_000_000

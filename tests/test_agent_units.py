@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import trainvigil
 from trainvigil.agents import Agent
 from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch, split_step_batch
 from trainvigil.agents.options import DEFAULT_NATS_URL, AgentOptions, resolve
 from trainvigil.agents.outbox import Outbox, OutMsg
-from trainvigil.schemas import StepBatch
-
-import trainvigil
 from trainvigil.errors import ConfigError
+from trainvigil.schemas import StepBatch
 
 # ---- columnar --------------------------------------------------------------------------------
 

@@ -24,17 +24,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from support import NatsServer, wait_for
+
+import trainvigil
 from trainvigil.agents import Agent, columnar
 from trainvigil.agents import worker as worker_module
 from trainvigil.agents._values import MAX_ITEMS, make_event
 from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch
+from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import StreamConfig
-from trainvigil.daemon.jetstream import ensure_stream
 from trainvigil.schemas import Envelope, RunEvent, StepBatch, decode, run_token
 from trainvigil.schemas.limits import MAX_FIELDS_DEPTH, MAX_NAME, fields_depth
 from trainvigil.schemas.subjects import PREFIX
-
-import trainvigil
 
 try:
     import torch

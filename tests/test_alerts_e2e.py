@@ -18,6 +18,7 @@ import nats
 import pytest
 from hooks import HANG, hook_server
 from support import HERE, Daemon, NatsServer, finish, wait_for
+
 from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, decode, encode
 
 NAN_STEP = 60
@@ -202,7 +203,7 @@ def test_vigil_alerts_follow_prints_each_update_of_its_run_until_ctrl_c(nats_ser
 
 
 def test_vigil_alerts_follow_without_a_broker_says_what_to_do() -> None:
-    from trainvigil.daemon.natsserver import free_port
+    from trainvigil.daemon.broker.embedded import free_port
 
     followed = _vigil("alerts", "--follow", "--nats", f"nats://127.0.0.1:{free_port()}")
     assert followed.returncode == 3 and "no broker answered" in followed.stderr and "vigil up" in followed.stderr

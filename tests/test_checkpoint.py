@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 from support import wait_for
-from trainvigil.agents import digest as digest_mod
-from trainvigil.agents.checkpoint import digest_later
 
 from trainvigil import checkpoint
+from trainvigil.agents import digest as digest_mod
+from trainvigil.agents.checkpoint import digest_later
 from trainvigil.errors import CheckpointIntegrityError, ManifestMissingError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainvigil.daemon.decode import IngestBatch
+from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors.ckpt_mismatch import CkptMismatch, CkptMismatchSettings
 from trainvigil.schemas import CheckpointDigest, Source
 

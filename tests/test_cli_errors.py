@@ -18,8 +18,9 @@ import anyio
 import pytest
 import structlog
 from support import free_port
-from trainvigil.daemon.natsserver import supervise
-from trainvigil.daemon.store import Store
+
+from trainvigil.daemon.broker.embedded import supervise
+from trainvigil.daemon.store.writer import Store
 
 BOUND_S = 30.0
 """No case may take longer (the unreachable broker waits VIGIL_CONNECT_TIMEOUT_S=2)."""
@@ -70,7 +71,7 @@ class Setting:
             [
                 sys.executable,
                 "-c",
-                "import sys, time; from pathlib import Path; from trainvigil.daemon.store import Store; "
+                "import sys, time; from pathlib import Path; from trainvigil.daemon.store.writer import Store; "
                 "store = Store(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
                 str(data / "vigil.duckdb"),
             ],

@@ -11,6 +11,7 @@ import urllib.request
 import msgspec
 import nats
 from support import Daemon, NatsServer, finish, run_producer, wait_for
+
 from trainvigil.schemas import Envelope, RunEvent, Source, encode
 
 

@@ -12,21 +12,14 @@ import duckdb
 import msgspec
 import numpy as np
 import pytest
+
+from trainvigil.daemon.batch.decode import RawMessage, decode_batch, step_columns
 from trainvigil.daemon.config import DaemonConfig, StreamConfig, load
-from trainvigil.daemon.decode import RawMessage, decode_batch, step_columns
 from trainvigil.daemon.formatting import render
-from trainvigil.daemon.http import respond
 from trainvigil.daemon.metrics import DaemonMetrics, Histogram
-from trainvigil.daemon.query import (
-    QueryRequest,
-    QueryResult,
-    answer,
-    check_read_only,
-    join_results,
-    open_read_only,
-    run_query,
-    split_result,
-)
+from trainvigil.daemon.store.query import answer, check_read_only, open_read_only, run_query
+from trainvigil.daemon.web.http import respond
+from trainvigil.errors import ConfigError, QueryError, QueryRefusedError, WireError
 from trainvigil.schemas import (
     Anomaly,
     CanaryResult,
@@ -42,8 +35,7 @@ from trainvigil.schemas import (
     StepBatch,
     encode,
 )
-
-from trainvigil.errors import ConfigError, QueryError, QueryRefusedError, WireError
+from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, split_result
 
 # ---- config ----------------------------------------------------------------------------------
 

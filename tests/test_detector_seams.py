@@ -9,18 +9,18 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import structlog
+
 from trainvigil.daemon import detectors
-from trainvigil.daemon.arrays import batch_of, chunks, step_columns_of
+from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
+from trainvigil.daemon.batch.from_arrays import batch_of, chunks, step_columns_of
 from trainvigil.daemon.config import load
-from trainvigil.daemon.decode import IngestBatch, StepColumns
 from trainvigil.daemon.detectors import Detectors, run_all, select_runs
 from trainvigil.daemon.detectors._lifecycle import RunTracker
 from trainvigil.daemon.detectors._series import StreamKey, Values, streams
 from trainvigil.daemon.detectors.grad_spike import GradSpike
 from trainvigil.daemon.detectors.stall import Stall
-from trainvigil.schemas import Anomaly, CheckpointDigest, GilSample, Heartbeat, RunEnd, RunStart, Source
-
 from trainvigil.errors import ConfigError
+from trainvigil.schemas import Anomaly, CheckpointDigest, GilSample, Heartbeat, RunEnd, RunStart, Source
 
 RUNS = ("a", "bad", "c")
 

@@ -7,10 +7,11 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import pytest
+
 from trainvigil.daemon import detectors
-from trainvigil.daemon.arrays import Metric, batch_of, chunks, step_columns_of
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.batch.from_arrays import Metric, batch_of, chunks, step_columns_of
 from trainvigil.daemon.config import load
-from trainvigil.daemon.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, Episodes, Finding
 from trainvigil.daemon.detectors._robust import Window, consecutive, fast_median, robust_z
 from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, Source

@@ -98,7 +98,9 @@ def test_broker_down_10s_every_step_arrives_and_log_never_blocks(daemon: Daemon,
     )
     assert daemon.scalar("select count(*) from steps where run_id = 'outage'") == step
     assert daemon.scalar("select max(step) from steps where run_id = 'outage'") == step - 1
-    assert longest < 1e-3, f"the longest log() call took {longest * 1e3:.3f} ms"
+    # A guard against blocking (a network wait takes 100 ms and more), not a speed target: on a
+    # loaded 2-core machine one call can wait out a few of the interpreter's 5 ms switch intervals.
+    assert longest < 25e-3, f"the longest log() call took {longest * 1e3:.3f} ms"
     assert agent.stats()["dropped"] == {}
 
 

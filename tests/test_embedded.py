@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from support import finish, free_port, run_producer, wait_for
-from trainvigil.daemon.natsserver import port_open
+
+from trainvigil.daemon.broker.embedded import port_open
 
 
 def _children(pid: int) -> list[int]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import nats
 from support import Daemon, NatsServer, finish, run_producer, wait_for
-from trainvigil.daemon.cli import RUNS_SQL
+
+from trainvigil.daemon.cli.main import RUNS_SQL
 
 MAX_BYTES = 3 * 2**20
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
+import trainvigil
 from trainvigil.agents.gil import GilResult, ThreadResult, advice, render
 from trainvigil.agents.gil._probe import BUSY_WAIT, summarize
 from trainvigil.agents.options import resolve
-from trainvigil.daemon.decode import IngestBatch
+from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors.gil_contention import GilContention, GilContentionSettings
-from trainvigil.schemas import GilSample, Record, Source, ThreadShare
-
-import trainvigil
 from trainvigil.errors import ConfigError
 from trainvigil.gil import detect_gil_contention, profile_gil
+from trainvigil.schemas import GilSample, Record, Source, ThreadShare
 
 MS = 1e-3
 
@@ -219,6 +219,7 @@ def test_agent_runs_a_sampler_and_a_forked_child_gets_its_own(tmp_path: Path) ->
 def test_probe_backs_off_while_the_gil_is_saturated_and_recovers_after() -> None:
     """A GIL-bound thread makes the probe sleep longer (cheaper); once it stops, the probe speeds up again."""
     from support import wait_for
+
     from trainvigil.agents.gil.sampler import SATURATED_SLEEP, GilSampler
 
     stop = threading.Event()

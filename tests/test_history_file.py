@@ -17,13 +17,13 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
-from trainvigil.daemon.decode import IngestBatch, RawMessage, decode_batch
-from trainvigil.daemon.store import _STEP_FIELDS, SCHEMA_VERSION, STORAGE_VERSION, Store
+
+from trainvigil.daemon.batch.decode import IngestBatch, RawMessage, decode_batch
+from trainvigil.daemon.store.writer import _STEP_FIELDS, SCHEMA_VERSION, STORAGE_VERSION, Store
+from trainvigil.errors import ConfigError
 from trainvigil.schemas import Anomaly, Envelope, RunEnd, RunStart, Source, StepBatch, encode
 from trainvigil.schemas.records import Column
 from trainvigil.schemas.subjects import data_subject
-
-from trainvigil.errors import ConfigError
 
 T = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 

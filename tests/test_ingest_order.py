@@ -26,11 +26,12 @@ import numpy as np
 import pytest
 from nats.js import api
 from support import Daemon, NatsServer, wait_for
+
+from trainvigil.daemon.broker.embedded import free_port
+from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import StreamConfig
-from trainvigil.daemon.http import respond
-from trainvigil.daemon.jetstream import ensure_stream
 from trainvigil.daemon.metrics import DaemonMetrics
-from trainvigil.daemon.natsserver import free_port
+from trainvigil.daemon.web.http import respond
 from trainvigil.schemas import Column, Envelope, Source, StepBatch, encode
 
 STREAM = StreamConfig()

@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 from support import Daemon, NatsServer, finish, run_producer, wait_for
+
+import trainvigil
 from trainvigil.agents.options import AgentOptions, default_spill_dir
 from trainvigil.agents.outbox import OutMsg, frame, read_frame, read_sealed_header, write_sealed
 from trainvigil.agents.push import upload
-from trainvigil.daemon.natsserver import free_port
-from trainvigil.schemas import StepBatch, decode
-
-import trainvigil
+from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.errors import ConfigError
+from trainvigil.schemas import StepBatch, decode
 
 N = 2000
 WARNING = "no broker answers at"

@@ -22,6 +22,15 @@ def test_wheel_installs_and_imports_from_outside_the_repo(tmp_path: Path) -> Non
     names = zipfile.ZipFile(wheel).namelist()
     assert "trainvigil/schemas/json/envelope.schema.json" in names
     assert "trainvigil/py.typed" in names
+    # Every package folder and every data file of the three folders is in the wheel: a new room
+    # left out of pyproject's package list fails here, not on a user's machine.
+    for folder in ("agents", "daemon", "schemas"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_dir() or "__pycache__" in path.parts:
+                continue
+            if path.suffix in {".py", ".sql", ".json"}:
+                name = "trainvigil/" + path.relative_to(ROOT).as_posix()
+                assert name in names, f"{name} is missing from the wheel (add its package to pyproject.toml)"
     tops = {n.split("/")[0] for n in names if not n.startswith("trainvigil-")}
     assert tops == {"trainvigil"}, f"only the trainvigil namespace may be installed, got {tops}"
 
@@ -33,7 +42,7 @@ def test_wheel_installs_and_imports_from_outside_the_repo(tmp_path: Path) -> Non
     code = "; ".join(
         [
             f"import sys; sys.path.insert(0, {site!r})",
-            "import importlib.util, trainvigil, trainvigil.agents, trainvigil.schemas, trainvigil.daemon.cli",
+            "import importlib.util, trainvigil, trainvigil.agents, trainvigil.schemas, trainvigil.daemon.cli.main",
             f"assert trainvigil.__file__.startswith({site!r}), trainvigil.__file__",
             f"assert trainvigil.schemas.__file__.startswith({site!r}), trainvigil.schemas.__file__",
             "spec = importlib.util.find_spec('agents')",

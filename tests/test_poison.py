@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import Daemon, NatsServer, wait_for
-from trainvigil.daemon.decode import RawMessage, decode_batch
-from trainvigil.daemon.store import Store
+
+from trainvigil.daemon.batch.decode import RawMessage, decode_batch
+from trainvigil.daemon.store.writer import Store
 from trainvigil.schemas import Envelope, RunEvent, Source, encode
 
 _SRC = {"run_id": "r"}

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from trainvigil.daemon.config import load
-from trainvigil.daemon.replay import batches, read_recording, replay_table
 
+from trainvigil.daemon.cli.replay import batches, read_recording, replay_table
+from trainvigil.daemon.config import load
 from trainvigil.errors import ReplayError
 
 NAN_STEP = 200

@@ -10,6 +10,8 @@ import jsonschema
 import msgspec
 import numpy as np
 import pytest
+
+from trainvigil.errors import SchemaVersionError, WireError
 from trainvigil.schemas import (
     KINDS,
     PREFIX,
@@ -36,8 +38,6 @@ from trainvigil.schemas import (
     run_token,
 )
 from trainvigil.schemas.jsonschema import SCHEMA_DIR, render, schemas
-
-from trainvigil.errors import SchemaVersionError, WireError
 
 SOURCE = Source(run_id="run-1", rank=3, world_size=8, local_rank=1, host="node-a", pid=4242)
 

@@ -7,8 +7,9 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from trainvigil.daemon.decode import SeqGap
-from trainvigil.daemon.sequencer import (
+
+from trainvigil.daemon.batch.decode import SeqGap
+from trainvigil.daemon.ingest.sequencer import (
     DELETED,
     EVICTED,
     Sequencer,

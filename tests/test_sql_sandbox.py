@@ -10,13 +10,14 @@ from typing import Any
 import duckdb
 import msgspec
 import pytest
-from trainvigil.daemon import query as query_mod
-from trainvigil.daemon.cli import EXIT_USAGE, main
-from trainvigil.daemon.config import DaemonConfig, load
-from trainvigil.daemon.query import QueryRequest, QueryResult, answer, run_query, validate
-from trainvigil.daemon.store import Store
 
+from trainvigil.daemon.cli.main import EXIT_USAGE, main
+from trainvigil.daemon.config import DaemonConfig, load
+from trainvigil.daemon.store import query as query_mod
+from trainvigil.daemon.store.query import answer, run_query
+from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import ConfigError, QueryError, QueryRefusedError
+from trainvigil.schemas.query import QueryRequest, QueryResult, validate
 
 ROWS = 200
 

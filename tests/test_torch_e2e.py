@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from support import HERE, Daemon, NatsServer, wait_for
-from trainvigil.daemon.natsserver import free_port
+
+from trainvigil.daemon.broker.embedded import free_port
 
 SCRIPT = str(HERE / "torch_train.py")
 

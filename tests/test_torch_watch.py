@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from trainvigil.schemas import CheckpointDigest
 
+from trainvigil.schemas import CheckpointDigest
 from trainvigil.torch import watch
 
 
@@ -28,7 +28,7 @@ class RecordingAgent:
     def log(self, step: int, /, **metrics: float) -> None:
         self.logged.setdefault(step, {}).update(metrics)
 
-    def _emit(self, record: Any) -> None:
+    def publish(self, record: Any) -> None:
         self.emitted.append(record)
 
 

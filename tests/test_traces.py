@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable
-from pathlib import Path
-
-import numpy as np
-import pytest
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 
 import feed
+import numpy as np
+import pytest
 import traces
 
 

@@ -10,12 +10,12 @@ from collections.abc import Callable
 import anyio
 import pytest
 from hooks import HANG, hook_server
+
+from trainvigil.daemon.alerts.webhook import WebhookSink, post_json, redact
 from trainvigil.daemon.config import AlertsConfig
 from trainvigil.daemon.metrics import DaemonMetrics
-from trainvigil.daemon.webhook import WebhookSink, post_json, redact
-from trainvigil.schemas import Anomaly
-
 from trainvigil.errors import ConfigError
+from trainvigil.schemas import Anomaly
 
 
 def _anomaly(episode: str = "non_finite:r:0:37", state: str = "open") -> Anomaly:

@@ -15,19 +15,19 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ._base import Detector, DetectorSettings, Episodes, Finding, StreamDetector
-from ._isolation import DetectorFailures, select_runs
-from ._runner import Detectors, run_all
-from .ckpt_mismatch import CkptMismatch
-from .gil_contention import GilContention
-from .grad_spike import GradSpike
-from .kl_explode import KlExplode
-from .loss_spike import LossSpike
-from .non_finite import NonFinite
-from .reward_hack import RewardHack
-from .slowdown import Slowdown
-from .stall import Stall
-from .straggler import Straggler
+from trainvigil.daemon.detectors._base import Detector, DetectorSettings, Episodes, Finding, StreamDetector
+from trainvigil.daemon.detectors._isolation import DetectorFailures, select_runs
+from trainvigil.daemon.detectors._runner import Detectors, run_all
+from trainvigil.daemon.detectors.ckpt_mismatch import CkptMismatch
+from trainvigil.daemon.detectors.gil_contention import GilContention
+from trainvigil.daemon.detectors.grad_spike import GradSpike
+from trainvigil.daemon.detectors.kl_explode import KlExplode
+from trainvigil.daemon.detectors.loss_spike import LossSpike
+from trainvigil.daemon.detectors.non_finite import NonFinite
+from trainvigil.daemon.detectors.reward_hack import RewardHack
+from trainvigil.daemon.detectors.slowdown import Slowdown
+from trainvigil.daemon.detectors.stall import Stall
+from trainvigil.daemon.detectors.straggler import Straggler
 
 __all__ = [
     "REGISTRY",

@@ -17,10 +17,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 import numpy as np
-from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._series import StreamKey, Values, streams
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._series import StreamKey, Values, streams
+from trainvigil.schemas import Anomaly
 
 NONE, WARN, PAGE = 0, 1, 2
 SEVERITY_NAMES = {WARN: "warn", PAGE: "page"}

@@ -21,13 +21,13 @@ from traceback import TracebackException
 from typing import TYPE_CHECKING
 
 import structlog
+
+from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-
 if TYPE_CHECKING:
-    from ._base import Detector
-    from ._series import StreamKey
+    from trainvigil.daemon.detectors._base import Detector
+    from trainvigil.daemon.detectors._series import StreamKey
 
 log = structlog.get_logger("trainvigil.detectors")
 

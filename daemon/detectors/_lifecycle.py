@@ -16,10 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._series import StreamKey
 from trainvigil.schemas import Source
-
-from ..decode import IngestBatch
-from ._series import StreamKey
 
 
 @dataclass(slots=True)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import Detector, journaled
+from trainvigil.daemon.detectors._isolation import DetectorFailures
+from trainvigil.daemon.detectors._lifecycle import RunTracker
 from trainvigil.schemas import Anomaly
-
-from ..decode import IngestBatch
-from ._base import Detector, journaled
-from ._isolation import DetectorFailures
-from ._lifecycle import RunTracker
 
 
 class Detectors(list[Detector]):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..decode import IngestBatch, StepColumns
+from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
 
 StreamKey = tuple[str, int]
 """(run_id, rank)."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._robust import fast_median
-from ._series import Values
+from trainvigil.daemon.detectors._robust import fast_median
+from trainvigil.daemon.detectors._series import Values
 
 
 class Windows:

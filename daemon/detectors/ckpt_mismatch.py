@@ -23,11 +23,10 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import ClassVar
 
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Episodes, Finding
+from trainvigil.daemon.detectors._series import StreamKey
 from trainvigil.schemas import Anomaly, CheckpointDigest, Source
-
-from ..decode import IngestBatch
-from ._base import PAGE, DetectorSettings, Episodes, Finding
-from ._series import StreamKey
 
 
 class CkptMismatchSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
 from trainvigil.schemas import Anomaly, GilSample
-
-from ..decode import IngestBatch
-from ._base import PAGE, DetectorSettings, Finding, StreamDetector
 
 
 class GilContentionSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):

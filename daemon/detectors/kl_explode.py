@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from trainvigil.schemas import Anomaly
 
-from ._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
-from ._robust import Window, consecutive, robust_z, safe_log
-from ._series import StreamKey, Values
+from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
+from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
+from trainvigil.daemon.detectors._series import StreamKey, Values
+from trainvigil.schemas import Anomaly
 
 
 class KlExplodeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import NONE, PAGE, DetectorSettings, Finding, StreamDetector
-from ._robust import consecutive
-from ._series import StreamKey, StreamSteps, streams
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import NONE, PAGE, DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._robust import consecutive
+from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, streams
+from trainvigil.schemas import Anomaly
 
 
 class NonFiniteSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):

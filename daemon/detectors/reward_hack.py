@@ -20,11 +20,11 @@ from functools import partial
 from typing import ClassVar
 
 import numpy as np
-from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import PAGE, DetectorSettings, Finding, StreamDetector
-from ._series import StreamKey, StreamSteps, streams
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, streams
+from trainvigil.schemas import Anomaly
 
 _NAMES = ("reward", "entropy", "kl", "response_len")
 

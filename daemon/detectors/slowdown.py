@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._series import streams
+from trainvigil.daemon.detectors._windows import Windows, severity_of
 from trainvigil.schemas import Anomaly
-
-from ..decode import IngestBatch
-from ._base import DetectorSettings, Finding, StreamDetector
-from ._series import streams
-from ._windows import Windows, severity_of
 
 
 class SlowdownSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):

@@ -19,12 +19,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import PAGE, DetectorSettings, Finding, StreamDetector
-from ._lifecycle import latest_time
-from ._series import streams
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._lifecycle import latest_time
+from trainvigil.daemon.detectors._series import streams
+from trainvigil.schemas import Anomaly
 
 
 class StallSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):

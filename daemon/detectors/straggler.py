@@ -16,13 +16,13 @@ import math
 from typing import ClassVar
 
 import numpy as np
-from trainvigil.schemas import Anomaly
 
-from ..decode import IngestBatch
-from ._base import DetectorSettings, Episodes, Finding
-from ._robust import fast_median
-from ._series import StreamKey, Values, streams
-from ._windows import severity_of
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import DetectorSettings, Episodes, Finding
+from trainvigil.daemon.detectors._robust import fast_median
+from trainvigil.daemon.detectors._series import StreamKey, Values, streams
+from trainvigil.daemon.detectors._windows import severity_of
+from trainvigil.schemas import Anomaly
 
 
 class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):

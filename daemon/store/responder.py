@@ -18,12 +18,13 @@ import structlog
 from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from trainvigil.schemas import QUERY_SUBJECT
 
-from .config import DaemonConfig
-from .metrics import DaemonMetrics
-from .query import QueryRequest, QueryResult, answer, split_result
-from .store import Store
+from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.daemon.store.query import answer
+from trainvigil.daemon.store.writer import Store
+from trainvigil.schemas import QUERY_SUBJECT
+from trainvigil.schemas.query import QueryRequest, QueryResult, split_result
 
 log = structlog.get_logger("trainvigil.query")
 _request_decoder = msgspec.msgpack.Decoder(QueryRequest)

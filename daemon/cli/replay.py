@@ -27,16 +27,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
-from trainvigil.schemas import Anomaly, RunEnd, Source
 
+from trainvigil.daemon import detectors
+from trainvigil.daemon.alerts.format import REPLAY_FIELDS, as_result
+from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
+from trainvigil.daemon.batch.from_arrays import batch_of, piece, step_columns_of
+from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.formatting import render
 from trainvigil.errors import ReplayError
-
-from . import detectors
-from .alert_format import REPLAY_FIELDS, as_result
-from .arrays import batch_of, piece, step_columns_of
-from .config import DaemonConfig
-from .decode import IngestBatch, StepColumns
-from .formatting import render
+from trainvigil.schemas import Anomaly, RunEnd, Source
 
 FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")

@@ -9,12 +9,11 @@ from typing import TextIO
 
 import nats
 import nats.errors
-from trainvigil.schemas import PREFIX, Anomaly, alert_subject, decode
 
+from trainvigil.daemon.alerts.format import as_json, as_result, summary
+from trainvigil.daemon.formatting import render
 from trainvigil.errors import DaemonUnavailableError, WireError
-
-from .alert_format import as_json, as_result, summary
-from .formatting import render
+from trainvigil.schemas import PREFIX, Anomaly, alert_subject, decode
 
 _COLUMNS = "time, run_id, rank, step, detector, severity, state, value, threshold, message"
 

@@ -19,11 +19,11 @@ import urllib.parse
 import anyio
 import structlog
 from anyio.abc import ByteStream, TaskStatus
-from trainvigil.schemas import Anomaly
 
-from .alert_format import as_json, summary
-from .config import AlertsConfig
-from .metrics import DaemonMetrics
+from trainvigil.daemon.alerts.format import as_json, summary
+from trainvigil.daemon.config import AlertsConfig
+from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.schemas import Anomaly
 
 log = structlog.get_logger("trainvigil.alerts")
 

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainvigil._version import __version__
-
-from . import verify
+from trainvigil.agents import verify
 
 if TYPE_CHECKING:
     import duckdb
 
-    from .config import DaemonConfig
+    from trainvigil.daemon.config import DaemonConfig
 
 EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -145,9 +144,9 @@ def _query_args(parser: argparse.ArgumentParser) -> None:
 def _up(args: argparse.Namespace) -> int:
     import anyio
 
-    from . import config as config_mod
-    from .app import serve
-    from .logs import configure
+    from trainvigil.daemon import config as config_mod
+    from trainvigil.daemon.app import serve
+    from trainvigil.daemon.logs import configure
 
     cfg = config_mod.load(
         args.config,
@@ -250,9 +249,9 @@ def _query(args: argparse.Namespace, sql: str) -> int:
         return EXIT_USAGE
     import duckdb
 
-    from . import config as config_mod
-    from .formatting import render
-    from .sqlclient import query
+    from trainvigil.daemon import config as config_mod
+    from trainvigil.daemon.cli.sqlclient import query
+    from trainvigil.daemon.formatting import render
 
     cfg = config_mod.load(args.config, {"data_dir": args.data_dir, "nats_url": args.nats_url})
     url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
@@ -284,8 +283,8 @@ def _unreadable(exc: duckdb.Error, url: str, cfg: DaemonConfig) -> Exception:
 
 
 def _alerts(args: argparse.Namespace) -> int:
-    from . import config as config_mod
-    from .alerts_cli import alerts_sql, follow
+    from trainvigil.daemon import config as config_mod
+    from trainvigil.daemon.cli.alerts import alerts_sql, follow
 
     if not args.follow:
         return _query(args, alerts_sql(args.run))
@@ -300,7 +299,6 @@ def _push(args: argparse.Namespace) -> int:
 
     from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
     from trainvigil.agents.push import FileResult, PushIncompleteError, broker_key, leftovers, push
-
     from trainvigil.errors import ConfigError
 
     where = Path(args.dir or os.environ.get("VIGIL_SPILL_DIR") or default_spill_dir())
@@ -340,7 +338,7 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from trainvigil.daemon.cli.demo import run_demo
 
     return run_demo(steps=args.steps, keep=args.keep)
 
@@ -363,7 +361,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_UNAVAILABLE
     from trainvigil.agents.push import NoBrokerError, PushIncompleteError
-
     from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError, ReplayError
 
     # What each failure prints and exits with (first match wins). Errors of the libraries
@@ -378,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         NoBrokerError: ("", EXIT_UNAVAILABLE),
     }
     if daemon_extra:
-        from .natsserver import BrokerUnavailableError, NatsServerNotFoundError
+        from trainvigil.daemon.broker.embedded import BrokerUnavailableError, NatsServerNotFoundError
 
         failures |= {BrokerUnavailableError: ("", EXIT_UNAVAILABLE), NatsServerNotFoundError: ("", EXIT_UNAVAILABLE)}
 
@@ -392,8 +389,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "alerts":
             return _alerts(args)
         if args.command == "replay":
-            from . import config as config_mod
-            from .replay import replay_file
+            from trainvigil.daemon import config as config_mod
+            from trainvigil.daemon.cli.replay import replay_file
 
             if not replay_file(args.file, args.format, config_mod.load(args.config), sys.stdout):
                 print(f"vigil: no alerts: the detectors raised nothing on {args.file}", file=sys.stderr)

@@ -11,12 +11,12 @@ import time
 
 import anyio
 
-from .config import DaemonConfig
-from .formatting import render
-from .logs import configure
-from .natsserver import free_port
-from .query import QueryRequest, QueryResult
-from .sqlclient import ask_daemon
+from trainvigil.daemon.broker.embedded import free_port
+from trainvigil.daemon.cli.sqlclient import ask_daemon
+from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.formatting import render
+from trainvigil.daemon.logs import configure
+from trainvigil.schemas.query import QueryRequest, QueryResult
 
 QUESTIONS = [
     ("Runs", "select run_id, status, world_size, first_seen, last_seen from runs"),
@@ -43,7 +43,7 @@ async def _ask_ok(url: str, sql: str) -> QueryResult:
 
 
 async def _demo(steps: int, data_dir: str) -> None:
-    from .app import serve
+    from trainvigil.daemon.app import serve
 
     config = DaemonConfig(
         data_dir=data_dir, embedded_port=free_port(), http_port=free_port(), log_format="console", log_level="warning"
@@ -57,7 +57,7 @@ async def _demo(steps: int, data_dir: str) -> None:
             [
                 sys.executable,
                 "-m",
-                "trainvigil.daemon.demo_train",
+                "trainvigil.daemon.cli.demo_train",
                 "--steps",
                 str(steps),
                 "--spike-at",

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from trainvigil.errors import WireError
 from trainvigil.schemas import (
     KNOWN_METRICS,
     Anomaly,
@@ -26,8 +28,6 @@ from trainvigil.schemas import (
     decode,
 )
 from trainvigil.schemas.limits import MAX_TIME, MIN_TIME
-
-from trainvigil.errors import WireError
 
 
 @dataclass(frozen=True, slots=True)

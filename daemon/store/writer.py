@@ -22,11 +22,10 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import structlog
-from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
 
+from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, StepColumns, decode_batch
 from trainvigil.errors import ConfigError, StoreUnavailableError
-
-from .decode import DeadLetter, IngestBatch, RawMessage, StepColumns, decode_batch
+from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
 
 log = structlog.get_logger("trainvigil.store")
 

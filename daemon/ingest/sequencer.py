@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .decode import SeqGap
+from trainvigil.daemon.batch.decode import SeqGap
 
 EVICTED = "evicted"
 """Below the stream's first sequence: dropped by its age or size limits, or purged."""

@@ -14,11 +14,11 @@ import nats.errors
 import structlog
 from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
-from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, encode
 
-from .config import AlertsConfig
-from .metrics import DaemonMetrics
-from .webhook import WebhookSink
+from trainvigil.daemon.alerts.webhook import WebhookSink
+from trainvigil.daemon.config import AlertsConfig
+from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, encode
 
 log = structlog.get_logger("trainvigil.alerts")
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import msgspec
 import nats
 import nats.errors
-from trainvigil.schemas import QUERY_SUBJECT
 
+from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
 from trainvigil.errors import DaemonUnavailableError, QueryError, QueryRefusedError
-
-from .query import DEFAULT_MAX_BYTES, QueryRequest, QueryResult, join_results, open_read_only, run_query, validate
+from trainvigil.schemas import QUERY_SUBJECT
+from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
 

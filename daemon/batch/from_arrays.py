@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from trainvigil.schemas import KNOWN_METRICS, Source
 
-from .decode import IngestBatch, StepColumns
+from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
+from trainvigil.schemas import KNOWN_METRICS, Source
 
 Metric = np.ndarray | tuple[np.ndarray, np.ndarray | None]
 """Float values, or (values, presence mask) where an absent value is not a NaN but no value."""

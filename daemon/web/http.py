@@ -9,7 +9,7 @@ import anyio
 import structlog
 from anyio.abc import SocketStream, TaskStatus
 
-from .metrics import DaemonMetrics
+from trainvigil.daemon.metrics import DaemonMetrics
 
 log = structlog.get_logger("trainvigil.http")
 

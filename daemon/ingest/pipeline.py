@@ -25,18 +25,17 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
-from trainvigil.schemas import Anomaly
 
+from trainvigil.daemon import detectors
+from trainvigil.daemon.alerts.fanout import Alerts
+from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, SeqGap, decode_batch
+from trainvigil.daemon.broker.jetstream import Puller, bind_consumer, stream_view
+from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.ingest.sequencer import RECREATED, Sequencer, StreamView, Verdict, judge, recreated
+from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import StoreUnavailableError
-
-from . import detectors
-from .alerts import Alerts
-from .config import DaemonConfig
-from .decode import DeadLetter, IngestBatch, RawMessage, SeqGap, decode_batch
-from .jetstream import Puller, bind_consumer, stream_view
-from .metrics import DaemonMetrics
-from .sequencer import RECREATED, Sequencer, StreamView, Verdict, judge, recreated
-from .store import Store
+from trainvigil.schemas import Anomaly
 
 log = structlog.get_logger("trainvigil.ingest")
 
@@ -291,7 +290,8 @@ class Ingest:
 
     async def _judge(self, next_seq: int, delivered: int | None) -> tuple[Verdict, StreamView]:
         """Ask the stream about the sequences from ``next_seq`` up to ``delivered`` (or its end)."""
-        info, view = await stream_view(self.js, self.config.stream.name, next_seq)
+        info, existing = await stream_view(self.js, self.config.stream.name, next_seq)
+        view = StreamView(first_seq=info.state.first_seq, last_seq=info.state.last_seq, existing=existing)
         self._check_same_stream(next_seq, info.state.last_seq, info.created)
         return judge(next_seq, delivered, view), view
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from trainvigil.daemon.formatting import render
 from trainvigil.schemas import Anomaly
-
-from .formatting import render
-from .query import QueryResult
+from trainvigil.schemas.query import QueryResult
 
 REPLAY_FIELDS: tuple[str, ...] = (
     "run_id",

@@ -41,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
         print("vigil verify: needs torch; install it with: pip install 'trainvigil[torch]'", file=sys.stderr)
         return EXIT_NO_TORCH
     from trainvigil.agents.checkpoint import verify_file
-
     from trainvigil.errors import ManifestMissingError
 
     try:

@@ -12,10 +12,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
-from trainvigil.schemas import STREAM_SUBJECTS
 
-from .config import StreamConfig
-from .sequencer import StreamView
+from trainvigil.daemon.config import StreamConfig
+from trainvigil.schemas import STREAM_SUBJECTS
 
 log = structlog.get_logger("trainvigil.jetstream")
 
@@ -85,8 +84,11 @@ async def bind_consumer(js: JetStreamContext, cfg: StreamConfig, start_seq: int)
     return info
 
 
-async def stream_view(js: JetStreamContext, stream: str, next_seq: int) -> tuple[api.StreamInfo, StreamView]:
-    """The stream's info, and what it still holds from ``next_seq`` on (one lookup; used on gaps only)."""
+async def stream_view(js: JetStreamContext, stream: str, next_seq: int) -> tuple[api.StreamInfo, int | None]:
+    """The stream's info, and the lowest sequence >= ``next_seq`` it still holds (None: none).
+
+    One message lookup: used on gaps only.
+    """
     info = await js.stream_info(stream)
     existing: int | None = None
     if next_seq <= info.state.last_seq:
@@ -95,7 +97,7 @@ async def stream_view(js: JetStreamContext, stream: str, next_seq: int) -> tuple
             existing = (await js.get_msg(stream, next_seq, subject=">", next=True)).seq
         except NotFoundError:
             existing = None
-    return info, StreamView(first_seq=info.state.first_seq, last_seq=info.state.last_seq, existing=existing)
+    return info, existing
 
 
 @dataclass(slots=True)
@@ -132,7 +134,7 @@ class Puller:
     something is there (at most ``expires`` later), delivers at most ``batch`` messages and
     ``max_bytes`` bytes, and ends with a full batch or a status, so one request's messages do
     not spill into the next. Anything that still arrives late is kept and handed out first by
-    the next :meth:`pull`; the ingest's :class:`~.sequencer.Sequencer` puts order on it.
+    the next :meth:`pull`; the ingest's ``Sequencer`` puts order on it.
     """
 
     def __init__(

@@ -1,0 +1,1 @@
+"""The daemon's HTTP side: ``/healthz`` and ``/metrics``."""

@@ -1,0 +1,54 @@
+"""The architecture holds: import-linter's contracts in pyproject.toml, and no import cycle."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tree(tmp_path: Path) -> Path:
+    """The import namespace as installed (``trainvigil/{agents,daemon,schemas}``): the folders map
+    onto it through the build backend, which static import analysis cannot follow."""
+    site = tmp_path / "site"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "src" / "trainvigil", site / "trainvigil", ignore=ignore)
+    for folder in ("agents", "daemon", "schemas"):
+        shutil.copytree(ROOT / folder, site / "trainvigil" / folder, ignore=ignore)
+    return site
+
+
+def test_import_contracts_are_kept(tmp_path: Path) -> None:
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    if lint is None:
+        pytest.fail("lint-imports is not installed: pip install -e '.[dev]'")
+    env = {**os.environ, "PYTHONPATH": str(_tree(tmp_path))}
+    done = subprocess.run([lint, "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+_CYCLES = """
+import grimp
+graph = grimp.build_graph("trainvigil", cache_dir=None)
+assert "trainvigil.daemon.app" in graph.modules, "the installed layout was not found"
+for a in sorted(graph.modules):
+    for b in sorted(graph.find_modules_directly_imported_by(a)):
+        if a < b and graph.chain_exists(importer=b, imported=a):
+            print(a, "<->", b)
+"""
+
+
+def test_the_package_has_no_import_cycle(tmp_path: Path) -> None:
+    """Module pairs that reach each other, counting imports inside functions too."""
+    pytest.importorskip("grimp")
+    env = {**os.environ, "PYTHONPATH": str(_tree(tmp_path))}
+    done = subprocess.run([sys.executable, "-c", _CYCLES], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "", f"import cycles:\n{done.stdout}"
