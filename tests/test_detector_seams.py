@@ -285,6 +285,7 @@ def _ends(group: int, rank: int, now: float) -> list[tuple[Source, RunEnd]]:
     return [(Source(run_id=f"run-{group}-{i}", rank=rank), RunEnd(time=now)) for i in range(GROUP)]
 
 
+@pytest.mark.slow
 def test_ten_thousand_short_runs_that_end_leave_no_state_behind() -> None:
     """Rank 0 ends one batch after the run's start, rank 1 one batch later: run-level state waits for both."""
     dets = detectors.build(load(None, env={}).detectors)
@@ -309,6 +310,7 @@ def test_ten_thousand_short_runs_that_end_leave_no_state_behind() -> None:
     assert max(peak.values()) <= 3 * GROUP * RANKS, f"bounded by the runs live at once, not by 10 000: {peak}"
 
 
+@pytest.mark.slow
 def test_ten_thousand_runs_that_just_stop_are_forgotten_after_the_idle_horizon() -> None:
     dets = detectors.build(load(None, env={"VIGIL_DETECTORS_IDLE_FORGET_S": "100"}).detectors)
     groups = 10_000 // GROUP

@@ -22,7 +22,10 @@ def _can_mount() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0 and Path("/proc/mounts").exists()
 
 
-pytestmark = pytest.mark.skipif(not _can_mount(), reason="mounting a small tmpfs for the data dir needs root")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _can_mount(), reason="mounting a small tmpfs for the data dir needs root"),
+]
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ def test_two_agents_20k_steps_each_arrive_exactly_once(daemon: Daemon, nats_serv
     assert daemon.scalar("select count(*) from events where run_id = 'two-agents' and kind = 'run_end'") == 2
 
 
+@pytest.mark.slow
 def test_daemon_sigkilled_twice_mid_stream_loses_and_duplicates_nothing(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
@@ -57,6 +58,7 @@ def test_daemon_sigkilled_twice_mid_stream_loses_and_duplicates_nothing(
     daemon.terminate()
 
 
+@pytest.mark.slow
 def test_broker_down_10s_every_step_arrives_and_log_never_blocks(daemon: Daemon, nats_server: NatsServer) -> None:
     import trainvigil
 

@@ -11,10 +11,12 @@ import asyncio
 from pathlib import Path
 
 import nats
+import pytest
 from support import Daemon, NatsServer, finish, run_producer, wait_for
 
 from trainvigil.daemon.cli.main import RUNS_SQL
 
+pytestmark = pytest.mark.slow
 MAX_BYTES = 3 * 2**20
 
 

@@ -283,6 +283,7 @@ def _check_backlog(data_dir: Path, per_rank: int) -> None:
     assert _file(data_dir, "select last_seq from ingest_offsets") == [(RANKS * per_rank,)]
 
 
+@pytest.mark.slow
 def test_a_backlog_of_big_messages_drains_whole_with_vigil_up_drain(nats_server: NatsServer, tmp_path: Path) -> None:
     """256 messages of 0.5 MB (2 M steps): one fetch of 256 used to overflow the broker's 64 MiB
     buffer for the connection; the overflow waited 300 s for redelivery and was then skipped."""
@@ -306,6 +307,7 @@ def _drain_process(url: str, data_dir: Path, port: int) -> subprocess.Popen[byte
         )
 
 
+@pytest.mark.slow
 def test_a_backlog_drain_sigkilled_twice_and_a_broker_restart_lose_and_duplicate_nothing(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:

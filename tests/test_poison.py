@@ -195,6 +195,7 @@ _messages = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(payloads=_messages)
 def test_every_message_is_stored_or_dead_lettered_never_both_never_neither(
