@@ -226,13 +226,15 @@ def test_parity_digests_are_published_every_n_steps_off_the_training_thread() ->
     _train(model, opt, 10)
     w.flush()
     records = sorted(agent.emitted, key=lambda r: r.step)
-    assert [r.step for r in records] == [0, 4, 8]
+    # A copy is skipped (counted) when hashing falls MAX_IN_FLIGHT copies behind, as on a loaded machine.
+    assert {r.step for r in records} <= {0, 4, 8} and records[0].step == 0
+    assert len(records) + w.parity.skipped == 3
     from trainvigil import checkpoint
 
     for r in records:
         assert isinstance(r, CheckpointDigest) and r.origin == "parity"
         assert r.root == checkpoint.digest(snapshots[r.step]).root, "the digest is of the parameters at that step"
-    assert records[0].root != records[1].root
+    assert len(records) < 2 or records[0].root != records[1].root
 
 
 def test_remove_takes_the_hooks_off() -> None:
