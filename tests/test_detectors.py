@@ -4,6 +4,7 @@ fires again once its cooldown has passed (pure: arrays in, anomalies out)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,12 +12,14 @@ import pytest
 from trainvigil.daemon import detectors
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.batch.from_arrays import Metric, batch_of, chunks, step_columns_of
+from trainvigil.daemon.cli.replay import read_recording, replay_table
 from trainvigil.daemon.config import load
 from trainvigil.daemon.detectors._base import PAGE, WARN, Episodes, Finding
 from trainvigil.daemon.detectors._robust import Window, consecutive, fast_median, robust_z
 from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, Source
 
 N = 3000
+DATA = Path(__file__).parent / "data"
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -91,6 +94,16 @@ def test_robust_z_never_judges_a_value_against_itself_and_keeps_outliers_out() -
     assert np.isnan(scored.z[:16]).all()  # warm-up
     assert scored.z[150] > 20
     assert 50.0 not in w.values
+
+
+def test_robust_z_fill_block_keeps_a_young_baseline_fresh() -> None:
+    """While the window fills, a value is judged against every value up to its ``fill_block``-long block."""
+    x = np.arange(100.0)
+    stale = robust_z(Window(256), x, warmup=32, exclude_z=np.inf, min_scale=1.0)
+    assert stale.median[63] == 15.5  # steps 32-63 are one block, judged against steps 0-31
+    fresh = robust_z(Window(256), x, warmup=32, exclude_z=np.inf, min_scale=1.0, fill_block=8)
+    assert fresh.median[63] == 27.5  # judged against steps 0-55
+    assert np.isnan(fresh.median[:32]).all() and fresh.median[32] == 15.5
 
 
 def test_episode_opens_escalates_clears_and_rearms() -> None:
@@ -172,6 +185,14 @@ def test_grad_spike_pages_on_a_tenfold_spike_at_that_step_and_again_after_cooldo
 def test_grad_spike_silent_on_clean_trace_with_drift() -> None:
     grad = np.linspace(5, 0.5, N) * noisy(7)
     assert run_detector("grad_spike", {0: {"grad_norm": grad}}) == []
+
+
+@pytest.mark.parametrize("batch_steps", [32, 256])
+def test_healthy_ddp_run_whose_grad_norm_triples_early_raises_no_alert(batch_steps: int) -> None:
+    """A real clean run (``torchrun --nproc_per_node=2 examples/train_ddp.py``, 300 steps, both ranks)
+    whose grad norm climbs from ~0.2 to ~2 by step 63: no detector fires, whatever the batch size."""
+    table = read_recording(DATA / "ddp_clean_run.csv")
+    assert replay_table(table, load(None, env={}), batch_steps=batch_steps) == []
 
 
 # ---- loss_spike -------------------------------------------------------------------------

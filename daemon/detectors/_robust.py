@@ -96,6 +96,7 @@ def robust_z(
     min_scale: float,
     exclude_above: float = np.inf,
     block: int = 256,
+    fill_block: int | None = None,
     readmit: int | None = None,
 ) -> Scored:
     """Score ``x`` (already transformed, e.g. logged) against ``window``, then feed it.
@@ -105,6 +106,10 @@ def robust_z(
         exclude_z: values with ``|z|`` above this stay out of the baseline.
         min_scale: floor of the scale, so a flat series does not turn noise into infinite z.
         exclude_above: values more than this above the median stay out too (in ``x`` units).
+        fill_block: while the window is not full, re-estimate at least every this many values.
+            By default a block is as long as the window holds (at least 16), so the last of 32
+            values is judged against the 32 before the block: a young baseline goes stale
+            fastest, and early in training the level moves most.
         readmit: once this many values were kept out in blocks where they were the majority
             (default: half the window), the level has shifted for good: they enter the
             baseline after all, so one lasting shift is one alert episode, not an endless series.
@@ -116,7 +121,10 @@ def robust_z(
     start = 0
     while start < n:
         # Re-estimate often while the window fills, then every ``block`` values.
-        stop = min(n, start + max(16, min(block, window.count)))
+        size = max(16, min(block, window.count))
+        if fill_block is not None and window.count < window.size:
+            size = min(size, max(1, fill_block))
+        stop = min(n, start + size)
         chunk = x[start:stop]
         keep = np.isfinite(chunk)
         if window.count >= warmup:
