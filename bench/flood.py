@@ -1,0 +1,94 @@
+"""The daemon's memory during and after a flood (issue 19 B.4): a real nats-server, ``vigil up``
+with its defaults, and agent processes logging as fast as they can for ``--seconds``.
+
+Prints the daemon's RSS every few seconds, its peak during the flood, and where it settles
+once the flood is over, next to the steps it committed and its consumer lag.
+
+    python bench/flood.py [--seconds 60] [--agents 4] [--after 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _procs import scrape, wait_until
+
+from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
+
+AGENT = """
+import sys, time, trainvigil
+agent = trainvigil.init(run_id=sys.argv[1], rank=int(sys.argv[2]))
+deadline, step = time.monotonic() + float(sys.argv[3]), 0
+while time.monotonic() < deadline:
+    for _ in range(1000):
+        agent.log(step, loss=1.0 / (step + 1), grad_norm=0.5, lr=1e-3, step_time=0.01, samples=32.0, tokens=4096.0)
+        step += 1
+print(step, agent.close(timeout=120), flush=True)
+"""
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the agents flood")
+    parser.add_argument("--agents", type=int, default=4, help="agent processes")
+    parser.add_argument("--after", type=float, default=30.0, help="seconds to watch the daemon after the flood")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        port, http = free_port(), free_port()
+        url = f"nats://127.0.0.1:{port}"
+        server = subprocess.Popen(server_args(find_binary(), port, Path(tmp) / "js"), stdout=subprocess.DEVNULL)
+        wait_until(lambda: port_open("127.0.0.1", port), 10, "nats-server")
+        log = open(Path(tmp) / "daemon.log", "wb")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "trainvigil.daemon.cli", "up", "--nats", url, "--data-dir", f"{tmp}/data"]
+        daemon = subprocess.Popen([*cmd, "--http-port", str(http)], stdout=log, stderr=log)
+        wait_until(lambda: port_open("127.0.0.1", http), 30, "the daemon")
+        idle = rss_mib(daemon.pid)
+        env = {**os.environ, "VIGIL_NATS_URL": url}
+        agents = [
+            subprocess.Popen(
+                [sys.executable, "-c", AGENT, "flood", str(r), str(args.seconds)], env=env, stdout=subprocess.PIPE
+            )
+            for r in range(args.agents)
+        ]
+        started, peak, rows = time.monotonic(), idle, []
+        print(f"{'t (s)':>6} {'phase':>6} {'daemon RSS (MiB)':>17} {'steps committed':>16} {'consumer lag':>13}")
+        flooding = True
+        while True:
+            time.sleep(5)
+            t = time.monotonic() - started
+            if flooding and all(a.poll() is not None for a in agents):
+                flooding, ended = False, t
+            if not flooding and t - ended >= args.after:
+                break
+            m = scrape(http)
+            rss = rss_mib(daemon.pid)
+            peak = max(peak, rss) if flooding else peak
+            row = (t, "flood" if flooding else "after", rss, int(m.get('vigil_events_ingested_total{kind="steps"}', 0)))
+            rows.append(row)
+            print(f"{row[0]:6.0f} {row[1]:>6} {row[2]:17.0f} {row[3]:16,d} {int(m.get('vigil_consumer_lag', 0)):13,d}")
+        logged = sum(int(a.stdout.read().split()[0]) for a in agents if a.stdout)
+        daemon.terminate()
+        daemon.wait(60)
+        server.terminate()
+        log.close()
+    print(
+        f"\nidle {idle:.0f} MiB, peak during the flood {peak:.0f} MiB, {args.after:.0f} s after: {rows[-1][2]:.0f} MiB;"
+        f" steps logged {logged:,d}, committed {rows[-1][3]:,d}"
+    )
+
+
+if __name__ == "__main__":
+    main()
