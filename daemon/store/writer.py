@@ -121,12 +121,28 @@ def _extra_column(part: StepColumns) -> pa.Array:
     )
 
 
+_RUN_FIELDS = ("run_id", "first_seen", "last_seen", "world_size", "status", "ended_at", "argv")
+_RUNS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("first_seen", pa.timestamp("us", tz="UTC")),
+        ("last_seen", pa.timestamp("us", tz="UTC")),
+        ("world_size", pa.int32()),
+        ("status", pa.string()),
+        ("ended_at", pa.timestamp("us", tz="UTC")),
+        ("argv", pa.string()),
+    ]
+)
+
+
 def steps_table(parts: list[StepColumns]) -> pa.Table:
     """The ``steps`` rows of a batch as one Arrow table."""
     columns: dict[str, list[pa.Array]] = {name: [] for name in _STEP_FIELDS}
     for part in parts:
         n = len(part)
-        columns["run_id"].append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [part.source.run_id]))
+        # A typed dictionary: a plain list would make pyarrow infer its type on every message.
+        run_id = pa.array([part.source.run_id], pa.string())
+        columns["run_id"].append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), run_id))
         columns["rank"].append(pa.array(np.full(n, part.source.rank, dtype=np.int32)))
         columns["step"].append(pa.array(part.step))
         columns["time"].append(pa.array((part.times * 1e6).astype("int64"), type=pa.timestamp("us", tz="UTC")))
@@ -142,7 +158,8 @@ def steps_table(parts: list[StepColumns]) -> pa.Table:
         if name == "run_id":
             chunks = [c.cast(pa.string()) for c in chunks]
         arrays.append(pa.chunked_array(chunks))
-    return pa.Table.from_arrays(arrays, names=_STEP_FIELDS)
+    # One chunk per column: DuckDB inserts a 256-message batch ~10x faster than one chunk per message.
+    return pa.Table.from_arrays(arrays, names=_STEP_FIELDS).combine_chunks()
 
 
 def _create(path: Path) -> None:
@@ -608,14 +625,21 @@ class Store:
             for run, r in seen.items()
         ]
         if rows:
-            self.con.executemany(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
-                "first_seen = least(runs.first_seen, excluded.first_seen), "
-                "last_seen = greatest(runs.last_seen, excluded.last_seen), "
-                "world_size = greatest(runs.world_size, excluded.world_size), "
-                # a run_end (any rank) sets the status; otherwise keep what is there
-                "status = CASE WHEN excluded.ended_at IS NOT NULL THEN excluded.status ELSE runs.status END, "
-                "ended_at = coalesce(excluded.ended_at, runs.ended_at), "
-                "argv = coalesce(runs.argv, excluded.argv)",
-                rows,
+            # One statement for every run of the batch (a row-by-row executemany cost 17 ms a batch at fleet scale).
+            table = pa.Table.from_pylist(
+                [dict(zip(_RUN_FIELDS, row, strict=True)) for row in rows], schema=_RUNS_SCHEMA
             )
+            self.con.register("_vigil_runs", table)
+            try:
+                self.con.execute(
+                    "INSERT INTO runs SELECT * FROM _vigil_runs ON CONFLICT (run_id) DO UPDATE SET "
+                    "first_seen = least(runs.first_seen, excluded.first_seen), "
+                    "last_seen = greatest(runs.last_seen, excluded.last_seen), "
+                    "world_size = greatest(runs.world_size, excluded.world_size), "
+                    # a run_end (any rank) sets the status; otherwise keep what is there
+                    "status = CASE WHEN excluded.ended_at IS NOT NULL THEN excluded.status ELSE runs.status END, "
+                    "ended_at = coalesce(excluded.ended_at, runs.ended_at), "
+                    "argv = coalesce(runs.argv, excluded.argv)"
+                )
+            finally:
+                self.con.unregister("_vigil_runs")
