@@ -6,7 +6,7 @@ message never spoils the rest of its batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,6 +106,20 @@ class IngestBatch:
     """Wall-clock time of the batch (live ingest); None in replay, where record times stand in."""
     cache: dict[str, object] = field(default_factory=dict)
     """Views that detectors share, computed once per batch (see ``detectors._series``)."""
+
+    def sourced_records(
+        self,
+    ) -> Iterator[tuple[Source, RunStart | RunEnd | RunEvent | Heartbeat | GilSample | CheckpointDigest]]:
+        """Every (source, record) of the batch that is not a step batch, an anomaly or a canary."""
+        for records in (
+            self.run_starts,
+            self.run_ends,
+            self.events,
+            self.heartbeats,
+            self.gil_samples,
+            self.checkpoints,
+        ):
+            yield from records
 
     @property
     def step_rows(self) -> int:

@@ -35,15 +35,7 @@ log = structlog.get_logger("trainvigil.detectors")
 def runs_in(batch: IngestBatch) -> set[str]:
     """Every run id a record of ``batch`` names."""
     runs = {part.source.run_id for part in batch.steps}
-    for records in (
-        batch.run_starts,
-        batch.run_ends,
-        batch.events,
-        batch.heartbeats,
-        batch.gil_samples,
-        batch.checkpoints,
-    ):
-        runs.update(source.run_id for source, _ in records)
+    runs.update(source.run_id for source, _ in batch.sourced_records())
     runs.update(a.run_id for a in batch.anomalies)
     return runs
 

@@ -109,14 +109,6 @@ def latest_time(batch: IngestBatch) -> float:
     for part in batch.steps:
         if len(part):
             latest = max(latest, float(part.times.max()))
-    for records in (
-        batch.run_starts,
-        batch.run_ends,
-        batch.events,
-        batch.heartbeats,
-        batch.gil_samples,
-        batch.checkpoints,
-    ):
-        for _, record in records:
-            latest = max(latest, record.time)
+    for _, record in batch.sourced_records():
+        latest = max(latest, record.time)
     return latest

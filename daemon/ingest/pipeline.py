@@ -78,31 +78,32 @@ def _free_bytes(store: Store) -> int | None:
         return None
 
 
-def _loss_alert(gap: SeqGap, stream: str) -> Anomaly:
+def _daemon_page(detector: str, message: str, value: float | None = None) -> Anomaly:
+    """A page about the daemon itself (not a run): it goes out like any alert."""
     return Anomaly(
         time=time.time(),
         run_id="_daemon",
         rank=0,
         step=None,
-        detector="data_loss",
+        detector=detector,
         severity="page",
-        value=float(gap.count),
-        message=(
-            f"{gap.count} messages of stream {stream} (sequences {gap.first}..{gap.last}) will never be stored:"
-            f" {gap.reason}; runs live at that time may miss steps (see the data_loss table)"
-        ),
+        value=value,
+        message=message,
+    )
+
+
+def _loss_alert(gap: SeqGap, stream: str) -> Anomaly:
+    return _daemon_page(
+        "data_loss",
+        f"{gap.count} messages of stream {stream} (sequences {gap.first}..{gap.last}) will never be stored:"
+        f" {gap.reason}; runs live at that time may miss steps (see the data_loss table)",
+        float(gap.count),
     )
 
 
 def _disk_full_alert(detail: str) -> Anomaly:
-    return Anomaly(
-        time=time.time(),
-        run_id="_daemon",
-        rank=0,
-        step=None,
-        detector="disk_full",
-        severity="page",
-        message=f"the daemon cannot store history and has paused ingest (nothing is lost yet): {detail}",
+    return _daemon_page(
+        "disk_full", f"the daemon cannot store history and has paused ingest (nothing is lost yet): {detail}"
     )
 
 
