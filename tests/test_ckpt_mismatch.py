@@ -67,3 +67,24 @@ def test_load_the_agent_found_corrupt_pages_without_a_known_save() -> None:
     det = CkptMismatch(CkptMismatchSettings())
     out = det(_batch(_ckpt("load", "whatever", ok=False)))
     assert [(a.severity, a.step) for a in out] == [("page", 7)] and "its manifest" in out[0].message
+
+
+def test_a_rank_that_ends_first_is_not_paged_again_by_digests_that_arrive_after_its_end() -> None:
+    """Under load rank 1's run_end can be ingested before rank 0's later parity digests: still one page."""
+    from trainvigil.daemon import detectors
+    from trainvigil.daemon.config import DaemonConfig
+    from trainvigil.daemon.detectors import run_all
+    from trainvigil.schemas import RunEnd
+
+    dets = detectors.build(DaemonConfig().detectors)
+    pages = []
+
+    def feed(batch: IngestBatch) -> None:
+        pages.extend(a for a in run_all(dets, batch) if a.detector == "ckpt_mismatch" and a.state == "open")
+
+    feed(_batch(_parity("d", 0, 10, "x", world=2), _parity("d", 1, 10, "x", world=2)))
+    feed(_batch(_parity("d", 0, 15, "y", world=2), _parity("d", 1, 15, "odd", world=2)))  # the page
+    rank1 = Source(run_id="d", rank=1, world_size=2)
+    feed(IngestBatch(checkpoints=[_parity("d", 1, 20, "odd2", world=2)], run_ends=[(rank1, RunEnd(time=30.0))]))
+    feed(_batch(_parity("d", 0, 20, "y2", world=2)))  # rank 0 is slower: step 20 is judged after rank 1 ended
+    assert [(a.rank, a.step) for a in pages] == [(1, 15)], pages

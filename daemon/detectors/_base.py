@@ -116,6 +116,11 @@ class Episodes:
         """Drop the episode of ``key`` without an update: its last one (in the store) stands."""
         self._open.pop(key, None)
 
+    def forget_run(self, run_id: str) -> None:
+        """Drop the episodes of every rank of ``run_id`` (as :meth:`forget`)."""
+        for key in [k for k in self._open if k[0] == run_id]:
+            del self._open[key]
+
     def __len__(self) -> int:
         return len(self._open)
 

@@ -68,13 +68,15 @@ class CkptMismatch:
         bounded by ``max_paths``, never forgotten with a run, not counted in :meth:`tracked`."""
 
     def forget(self, key: StreamKey) -> None:
-        self.episodes.forget(key)
+        # Parity is judged across the ranks of a run: a rank that ended first may still be named
+        # by digests of the others that arrive later, so its parity episode lives until the run goes.
         self.load_episodes.forget(key)
 
     def forget_run(self, run_id: str) -> None:
         self._parity.pop(run_id, None)
         self._world.pop(run_id, None)
         self._judged.pop(run_id, None)
+        self.episodes.forget_run(run_id)
 
     def tracked(self) -> int:
         return len(self._parity) + len(self._world) + len(self._judged) + len(self.episodes) + len(self.load_episodes)
