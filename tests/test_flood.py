@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -37,10 +38,27 @@ def test_a_full_stream_pushes_back_and_every_step_of_every_run_lands(nats_server
     daemon = Daemon(nats_server.url, tmp_path / "data", env=env)
     daemon.start()  # creates the small stream
     assert daemon.terminate() == 0
-    flood_steps, normal_steps = 200_000, 3_000
+    flood_steps, normal_steps = 120_000, 3_000
     flood = run_producer(nats_server.url, "flood", 0, flood_steps)
+    procs = [flood]
+    try:
+        _fill_then_drain(daemon, nats_server, procs, flood_steps, normal_steps)
+    finally:
+        for proc in procs:  # never leave a producer behind, whatever failed
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.kill()
+
+
+def _fill_then_drain(
+    daemon: Daemon, nats_server: NatsServer, procs: list[Any], flood_steps: int, normal_steps: int
+) -> None:
+    flood = procs[0]
     wait_for(lambda: _stream_state(nats_server.url)[0] > MAX_BYTES * 0.8, 60, "the flood to fill the stream")
     normal = run_producer(nats_server.url, "normal", 0, normal_steps)
+    procs.append(normal)
     wait_for(lambda: normal.poll() is None, 5, "the normal run to be logging")
     full_bytes, _ = _stream_state(nats_server.url)
     assert full_bytes <= MAX_BYTES, "the stream never grows past its limit"
@@ -60,7 +78,6 @@ def test_a_full_stream_pushes_back_and_every_step_of_every_run_lands(nats_server
     assert daemon.scalar("select count(distinct step) from steps where run_id = 'normal'") == normal_steps
     assert daemon.scalar("select count(*) from data_loss") == 0
     wait_for(lambda: _stream_state(nats_server.url)[1] <= 1, 30, "committed messages purged from the stream")
-    daemon.kill()
 
 
 def test_with_discard_old_evicted_steps_are_recorded_as_data_loss(nats_server: NatsServer, tmp_path: Path) -> None:

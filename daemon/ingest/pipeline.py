@@ -42,7 +42,7 @@ log = structlog.get_logger("trainvigil.ingest")
 STUCK_ROUNDS = 3
 """Empty fetches in a row, while the consumer says it owes messages, before the ingest counts as stuck."""
 
-PURGE_INTERVAL_S = 2.0
+PURGE_INTERVAL_S = 0.5
 """Committed messages are purged from the stream at most this often."""
 
 _BROKER_ERRORS = (nats.errors.Error, TimeoutError)  # nats-py raises both its own and asyncio's timeouts
