@@ -258,6 +258,8 @@ class Ingest:
             self._owed_rounds += 1
             if self._owed_rounds >= STUCK_ROUNDS << min(self._fruitless_rewinds, 5):
                 await self._unstick(seq, send, pending, delivered, info.num_ack_pending or 0)
+        # A commit throttled by the purge interval is purged once the stream goes quiet.
+        await self._purge_committed()
         # Nothing arrived: time still passes for detectors that watch silence (stall).
         idle = IngestBatch(max_seq=seq.next_seq - 1, now=time.time())
         idle.anomalies.extend(detectors.run_all(self.detectors, idle))
