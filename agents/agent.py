@@ -12,6 +12,7 @@ import logging
 import multiprocessing.util
 import os
 import sys
+import threading
 import time
 import weakref
 from collections import deque
@@ -25,13 +26,13 @@ from trainvigil._version import __version__
 from trainvigil.schemas import Record, RunStart, Source
 from trainvigil.schemas.limits import MAX_TEXT
 
-from . import _current
+from . import _crash, _current
 from ._drops import Drops
 from ._values import make_event, wire_text
 from .columnar import Entry
 from .gil import GilResult, GilSampler
 from .options import AgentOptions, announce_run_id, resolve
-from .worker import Worker
+from .worker import WAKE_EVERY, Worker
 
 log = logging.getLogger("trainvigil.agent")
 
@@ -53,11 +54,14 @@ class Agent:
         self._closed = False
         self._drops = Drops()
         self._last_step: int | None = None
+        self._crash = ""
+        """The uncaught exception the process is ending with ("" while none): its ``run_end`` says so."""
         self._pending: set[Future[Any]] = set()
         self.before_close: list[Callable[[], None]] = []
         """Called first by :meth:`close` (``trainvigil.torch.watch`` flushes its last step here)."""
         self._start()
         _live.add(self)
+        _crash.install(lambda: list(_live))
         atexit.register(_close_at_exit, weakref.ref(self))
         multiprocessing.util.register_after_fork(self, Agent._after_mp_fork)
 
@@ -75,12 +79,22 @@ class Agent:
         self._records: deque[Record] = deque()
         self._worker: Worker | None = None
         self._gil: GilSampler | None = None
+        self._wake_at = -1  # log() wakes the worker when this many steps wait (then it packs them)
         if not opts.enabled:
             return
         argv = [wire_text(arg, MAX_TEXT) for arg in sys.argv]  # a huge or undecodable argument never costs the start
         self._records.append(RunStart(time=time.time(), argv=argv, agent_version=__version__))
-        self._worker = Worker(opts, self.source, self._steps, self._records, self._drops, lambda: self._last_step)
+        self._worker = Worker(
+            opts,
+            self.source,
+            self._steps,
+            self._records,
+            self._drops,
+            lambda: self._last_step,
+            train_thread=threading.get_ident(),  # the thread that calls init() runs the loop, as a rule
+        )
         self._worker.start()
+        self._wake_at = min(opts.batch_size, WAKE_EVERY) - 1
         if opts.gil:
             self._gil = GilSampler(opts.gil_interval, self._gil_period, name=opts.run_id).start()
 
@@ -106,9 +120,12 @@ class Agent:
         (``bad_step``) or that finds the buffer full (``queue_full``).
         """
         steps = self._steps
-        if len(steps) < self._max_buffer:
+        n = len(steps)
+        if n < self._max_buffer:
             steps.append((step, _now(), metrics))
             self._last_step = step
+            if n == self._wake_at:  # once per WAKE_EVERY calls: packing them early frees their memory for reuse
+                self._wake()
         else:
             self._full()
 
@@ -127,15 +144,25 @@ class Agent:
         event, refused = make_event(time.time(), kind, step, fields)
         for reason, note in refused:
             self._drops.add(reason, note=note)
-        self._records.append(event)
+        self._append_record(event)
 
     def publish(self, record: Record) -> None:
         """Queue any wire record (checkpoint digests and GIL samples come from other threads through
         here); like :meth:`log`, it never blocks and never raises."""
         if len(self._records) < self._max_buffer:
-            self._records.append(record)
+            self._append_record(record)
         else:
             self._full()
+
+    def _append_record(self, record: Record) -> None:
+        records = self._records
+        records.append(record)
+        if len(records) == 1:  # the first since the worker last drained them: records go out at once
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._worker is not None:
+            self._worker.wake()
 
     def _full(self) -> None:
         if self.options.enabled:
@@ -173,6 +200,11 @@ class Agent:
 
     # ---- lifecycle -----------------------------------------------------------------------
 
+    def crashed(self, error: str) -> None:
+        """The process is ending on an uncaught exception (``Type: message``): called by the
+        chained ``sys.excepthook``; the ``run_end`` sent at exit carries it."""
+        self._crash = error
+
     def close(self, timeout: float | None = None, *, status: str = "ok") -> bool:
         """Flush everything buffered and stop, waiting at most ``timeout`` seconds.
 
@@ -202,9 +234,26 @@ class Agent:
         worker = self._worker
         if worker is None:
             return self._delivered_all()
-        worker.request_close(timeout, status)
+        worker.request_close(timeout, status, self._crash)
         worker.thread.join(timeout + 2.0)
         return self._delivered_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until everything logged before the call is safe.
+
+        Returns ``True`` when all of it was acknowledged by the broker or, while the broker is
+        away, written to the spill file (fsynced; sent on reconnect, or kept at exit), and nothing
+        was dropped so far (as for :meth:`close`: ``stats()["dropped"]`` says what). ``False`` at
+        the deadline or when anything was dropped; after :meth:`close`, what ``close()`` returned.
+        A disabled agent has nothing to flush: ``True``. Never raises; logging goes on meanwhile.
+        """
+        if self._worker is None:
+            return not self._closed or self._delivered_all()
+        try:
+            return self._worker.flush(max(0.0, timeout)) if not self._closed else self._delivered_all()
+        except Exception:  # never into the training loop
+            log.exception("trainvigil: flush() failed")
+            return False
 
     def _delivered_all(self) -> bool:
         worker = self._worker
@@ -224,6 +273,8 @@ class Agent:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if exc_type is not None and not self._crash:
+            self._crash = _crash.describe(exc_type, exc)
         self.close(status="ok" if exc_type is None else "error")
 
     # ---- fork ----------------------------------------------------------------------------
@@ -259,7 +310,7 @@ os.register_at_fork(after_in_child=_after_fork)
 def _close_at_exit(ref: weakref.ref[Agent]) -> None:
     agent = ref()
     if agent is not None and not agent._closed:
-        agent.close()
+        agent.close(status="error" if agent._crash else "ok")
 
 
 def init(

@@ -1,4 +1,8 @@
-"""Agent settings: keyword arguments first, then ``VIGIL_*`` / torchrun environment, then defaults."""
+"""Agent settings: keyword arguments first, then ``VIGIL_*`` / torchrun environment, then defaults.
+
+The settings are a msgspec Struct with ``Meta`` limits, read the way the daemon reads its own
+(:mod:`trainvigil.schemas.settings`): each field's variable is ``VIGIL_`` + its name upper-cased.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,15 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
+import msgspec
+from msgspec import Meta
+
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.settings import convert, env_name, from_env
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 _SCHEMES = {"nats", "tls", "ws", "wss"}
@@ -56,15 +64,49 @@ def nats_servers(url: str, key: str = "nats_url (VIGIL_NATS_URL)") -> list[str]:
     return servers
 
 
-@dataclass(frozen=True, kw_only=True)
-class AgentOptions:
-    """Everything an :class:`~trainvigil.agents.Agent` is configured with.
+Positive = Annotated[float, Meta(gt=0)]
+AtLeastOne = Annotated[int, Meta(ge=1)]
+NotNegative = Annotated[int, Meta(ge=0)]
+
+
+class _Fields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The fields of :class:`AgentOptions` and their limits (see there)."""
+
+    run_id: Annotated[str, Meta(min_length=1)]
+    rank: NotNegative = 0
+    local_rank: NotNegative = 0
+    world_size: AtLeastOne = 1
+    nats_url: str = DEFAULT_NATS_URL
+    flush_interval: Positive = 0.25
+    batch_size: AtLeastOne = 8192
+    max_buffer: AtLeastOne = 1_000_000
+    max_memory_bytes: NotNegative = 64 * 2**20
+    spill_dir: Path = msgspec.field(default_factory=default_spill_dir)
+    max_spill_bytes: NotNegative = 2 * 2**30
+    heartbeat_interval: Positive = 5.0
+    ack_timeout: Positive = 5.0
+    max_inflight: AtLeastOne = 32
+    retry_wait_initial: Positive = 0.1
+    retry_wait_max: Positive = 2.0
+    close_timeout: Positive = 10.0
+    enabled: bool = True
+    gil: bool = False
+    gil_interval: Positive = 1.0
+    host: str = msgspec.field(default_factory=socket.gethostname)
+
+
+class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything an :class:`~trainvigil.agents.Agent` is configured with; invalid values raise ``ConfigError``.
+
+    Every field but ``rank``, ``local_rank``, ``world_size``, ``enabled`` and ``host`` is read from
+    ``VIGIL_`` + its name upper-cased (``flush_interval`` → ``VIGIL_FLUSH_INTERVAL``); those come
+    from torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, from ``VIGIL_DISABLED`` and the host.
 
     Attributes:
         run_id: the run every rank of one training job shares.
         rank, local_rank, world_size: as torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``.
-        nats_url: the broker (``VIGIL_NATS_URL``): ``nats://``, ``tls://``, ``ws://``, ``wss://`` URLs or
-            ``HOST:PORT``, several separated by commas.
+        nats_url: the broker: ``nats://``, ``tls://``, ``ws://``, ``wss://`` URLs or ``HOST:PORT``,
+            several separated by commas.
         flush_interval: seconds between flushes of buffered steps.
         batch_size: a flush happens early once this many steps are buffered.
         max_buffer: steps held on the training thread's side before ``log()`` drops (counted).
@@ -75,85 +117,37 @@ class AgentOptions:
         heartbeat_interval: seconds between heartbeats.
         ack_timeout: seconds to wait for JetStream to acknowledge a message before resending.
         max_inflight: messages published before waiting for their acknowledgements.
+        retry_wait_initial, retry_wait_max: a failed connect or an unacknowledged publish is tried
+            again after ``retry_wait_initial`` seconds, doubling up to ``retry_wait_max``.
         close_timeout: the deadline ``close()`` gets at interpreter exit.
         enabled: ``False`` (``VIGIL_DISABLED=1``) makes every call a no-op.
         gil: sample GIL contention on a background thread and publish a ``GilSample`` per period.
         gil_interval: seconds per GIL sampling period.
     """
 
-    run_id: str
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    nats_url: str = DEFAULT_NATS_URL
-    flush_interval: float = 0.25
-    batch_size: int = 8192
-    max_buffer: int = 1_000_000
-    max_memory_bytes: int = 64 * 2**20
-    spill_dir: Path = field(default_factory=default_spill_dir)
-    max_spill_bytes: int = 2 * 2**30
-    heartbeat_interval: float = 5.0
-    ack_timeout: float = 5.0
-    max_inflight: int = 32
-    close_timeout: float = 10.0
-    enabled: bool = True
-    gil: bool = False
-    gil_interval: float = 1.0
-    host: str = field(default_factory=socket.gethostname)
-
     def __post_init__(self) -> None:
-        for name in ("flush_interval", "heartbeat_interval", "ack_timeout", "close_timeout", "gil_interval"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}", key=name)
-        for name in ("batch_size", "max_buffer", "max_inflight"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}", key=name)
-        if not self.run_id:
-            raise ConfigError("run_id must not be empty", key="run_id")
+        # Keyword construction skips msgspec's checks; converting into the plain fields runs them.
+        _checked(msgspec.structs.asdict(self), _Fields)
         if self.enabled:  # a disabled agent never connects: its URL cannot stop the run
             nats_servers(self.nats_url)
 
 
-_ENV_NAMES = {
-    "nats_url": "VIGIL_NATS_URL",
-    "flush_interval": "VIGIL_FLUSH_INTERVAL",
-    "batch_size": "VIGIL_BATCH_SIZE",
-    "max_buffer": "VIGIL_MAX_BUFFER",
-    "max_memory_bytes": "VIGIL_MAX_MEMORY_BYTES",
-    "spill_dir": "VIGIL_SPILL_DIR",
-    "max_spill_bytes": "VIGIL_MAX_SPILL_BYTES",
-    "heartbeat_interval": "VIGIL_HEARTBEAT_INTERVAL",
-    "ack_timeout": "VIGIL_ACK_TIMEOUT",
-    "close_timeout": "VIGIL_CLOSE_TIMEOUT",
-    "gil": "VIGIL_GIL",
-    "gil_interval": "VIGIL_GIL_INTERVAL",
-}
+_FROM_TORCHRUN = {"rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE"}
+_NOT_VIGIL_ENV = frozenset({*_FROM_TORCHRUN, "enabled", "host", "run_id"})
+_BOOLS = frozenset(f.name for f in msgspec.structs.fields(_Fields) if f.type is bool)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+T = TypeVar("T", bound=msgspec.Struct)
 
 
-def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+def _checked(values: Mapping[str, Any], struct: type[T], names: Mapping[str, str] | None = None) -> T:
+    """``values`` converted into ``struct``; a bad value is a ConfigError keyed by ``names[field]``, else the field."""
     try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer", key=name) from None
-
-
-def _convert(name: str, raw: object, key: str) -> object:
-    kind = {f.name: f.type for f in fields(AgentOptions)}[name]
-    try:
-        if kind == "int":
-            return int(raw)  # type: ignore[call-overload]
-        if kind == "float":
-            return float(raw)  # type: ignore[arg-type]
-        if kind == "Path":
-            return Path(raw)  # type: ignore[arg-type]
-        if kind == "bool":
-            return raw if isinstance(raw, bool) else str(raw).lower() in {"1", "true", "yes", "on"}
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}={raw!r} is not a valid {kind}", key=key) from None
-    return raw
+        return convert(values, struct)
+    except msgspec.ValidationError as exc:
+        problem, _, where = str(exc).rpartition(" - at ")
+        field = where.strip("`").removeprefix("$.").split(".")[0].split("[")[0]
+        key = (names or {}).get(field, field)
+        raise ConfigError(f"{key}={values.get(field)!r}: {problem or exc}", key=key) from None
 
 
 def default_run_id(env: Mapping[str, str], world_size: int) -> tuple[str, bool]:
@@ -182,36 +176,41 @@ def resolve(
     Returns the options and whether the run id was generated here.
 
     Raises:
-        ConfigError: an unknown option or a value of the wrong type.
+        ConfigError: an unknown option or a value of the wrong type (``key`` names the variable
+            when the value came from the environment).
     """
-    known = {f.name for f in fields(AgentOptions)}
+    known = set(AgentOptions.__struct_fields__)
     unknown = set(overrides) - known
     if unknown:
         raise ConfigError(
             f"unknown agent option(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}",
             key=sorted(unknown)[0],
         )
-    world_size = _int_env(env, "WORLD_SIZE", 1)
-    values: dict[str, object] = {
-        "rank": rank if rank is not None else _int_env(env, "RANK", 0),
-        "local_rank": _int_env(env, "LOCAL_RANK", 0),
-        "world_size": world_size,
-        "enabled": env.get("VIGIL_DISABLED", "") not in {"1", "true", "yes"},
-    }
-    for name, env_name in _ENV_NAMES.items():
-        if env_name in env and env[env_name] != "":
-            values[name] = _convert(name, env[env_name], env_name)
+    values = from_env(AgentOptions, env, skip=_NOT_VIGIL_ENV)
+    names = {name: env_name((name,)) for name in values}
+    for name, variable in _FROM_TORCHRUN.items():
+        if env.get(variable, "") != "":
+            values[name], names[name] = env[variable], variable
+    for name in _BOOLS & values.keys():
+        values[name] = values[name].lower() in _TRUE
+    values["enabled"] = env.get("VIGIL_DISABLED", "").lower() not in _TRUE
     for name, raw in overrides.items():
-        values[name] = _convert(name, raw, name)
+        values[name] = raw
+        names.pop(name, None)
+    if rank is not None:
+        values["rank"] = rank
+        names.pop("rank", None)
     if nats_url is not None:
         values["nats_url"] = nats_url
-    generated = False
+        names.pop("nats_url", None)
     if run_id is None:
         run_id = env.get("VIGIL_RUN_ID") or None
-    if run_id is None:
-        run_id, generated = default_run_id(env, world_size)
-    values["run_id"] = run_id
-    return AgentOptions(**values), generated  # type: ignore[arg-type]
+    values["run_id"] = "-" if run_id is None else run_id  # the default depends on the world size, checked first
+    options = _checked(values, AgentOptions, names)
+    if run_id is not None:
+        return options, False
+    run_id, generated = default_run_id(env, options.world_size)
+    return msgspec.structs.replace(options, run_id=run_id), generated
 
 
 def announce_run_id(run_id: str) -> None:

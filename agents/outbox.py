@@ -233,9 +233,38 @@ class Outbox:
         with contextlib.suppress(OSError):  # gone already, or left behind: the next spill starts it afresh
             os.unlink(self._spill_path)
 
-    @property
-    def spill_path(self) -> Path:
-        return self._spill_path
+    def persist(self) -> bool:
+        """Move the messages held in memory into the spill file, order kept, and fsync it, so that
+        everything held is on disk. ``False`` when it would pass ``max_spill_bytes`` (nothing moved).
+
+        Raises:
+            OSError: the file could not be written; the outbox is unchanged.
+        """
+        frames = [frame(msg) for msg in self._memory]
+        size = sum(map(len, frames))
+        if self.spilled_bytes + size > self._max_spill:
+            return False
+        self._spill_path.parent.mkdir(parents=True, exist_ok=True)
+        # Memory holds the oldest messages (new ones go to the file while it has any): they go first.
+        tmp = self._spill_path.with_name(self._spill_path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as out:
+                out.writelines(frames)
+                if self.spilled_bytes:
+                    with open(self._spill_path, "rb") as f:
+                        out.writelines(copy_range(f, self._spill_read, self._spill_write))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self._spill_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._spill_write, self._spill_read = size + self.spilled_bytes, 0
+        self._spilled_events += self._memory_events
+        self._memory.clear()
+        self._memory_bytes = self._memory_events = 0
+        return True
 
     def seal(self, path: Path, broker: str) -> int:
         """Move every message still held, oldest first, into a new sealed file at ``path``, for ``broker``.

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -117,8 +117,11 @@ def _claim(path: Path) -> Iterator[BinaryIO | None]:
         yield f if same else None
 
 
-async def publish_round(js: Any, msgs: list[OutMsg], timeout: float) -> tuple[int, BaseException | None]:
-    """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``.
+async def publish_round(
+    js: Any, msgs: Sequence[OutMsg], timeout: float, pace: Callable[[], None] = lambda: None
+) -> tuple[int, BaseException | None]:
+    """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``, calling ``pace()`` after each
+    (the agent's worker gives the GIL back there).
 
     Returns how many from the front were acknowledged, and the first error (``None`` if all were).
     """
@@ -129,6 +132,7 @@ async def publish_round(js: Any, msgs: list[OutMsg], timeout: float) -> tuple[in
             futures.append(
                 await js.publish_async(m.subject, m.payload, wait_stall=timeout, headers={"Nats-Msg-Id": m.msg_id})
             )
+            pace()
     except asyncio.CancelledError:
         raise
     except Exception as exc:

@@ -1,20 +1,27 @@
 """The agent's background thread: batches, encodes and publishes, with its own event loop.
 
-The training thread only appends to two deques; this thread drains them on a size or
-time trigger, encodes columnar envelopes into an :class:`Outbox` and publishes the
-outbox to JetStream in order, ``max_inflight`` messages per round trip. While the broker
-is away the outbox grows (memory, then spill file) and is replayed on reconnect; every
-message carries a ``Nats-Msg-Id`` so a resend after a lost ack is de-duplicated. The id
-holds a random per-process nonce, so no other client can predict it and shadow a message.
+The training thread only appends to two deques. This thread waits for work on events (a timer
+for ``flush_interval`` and heartbeats, a wake-up every :data:`WAKE_EVERY` steps logged or
+when records are queued, a ``flush()`` or ``close()``), never polling; on each it packs the
+buffered steps into the open batch, which is sealed into messages at ``batch_size`` rows or every
+``flush_interval``. It turns the buffers into messages with a
+:class:`~.batcher.Batcher` (pure), keeps them in an :class:`~.outbox.Outbox` (memory, then spill
+file) and publishes the outbox in order through a :class:`~.publisher.Publisher`, ``max_inflight``
+messages per round trip, dropping from it only what the broker acknowledged. A stalled round is
+retried under the one retry policy (:func:`trainvigil.schemas.settings.retrying`).
 
-Without a broker nothing is lost at exit either: the first failed connect is logged once,
-and what is undelivered when ``close()`` ends is sealed into a file in the spill directory.
-Once connected, this thread also delivers the sealed files earlier runs left there for the
-same broker (:mod:`.push`), beside its own messages.
+The training thread feels this thread only through the GIL: work comes in slices (a chunk of
+entries, one message) and a :class:`~._pacing.Pacer` between slices gives the GIL back at least
+every ~0.5 ms, so ``log()`` never waits for a whole batch to be encoded.
 
-No value and no failure ends this thread: what cannot be packed, encoded or held is
-dropped and counted by reason (the first few are logged by name), an unexpected exception
-is logged once per kind, and the loop goes on.
+Without a broker nothing is lost at exit either: the first failed connect is logged once, and
+what is undelivered when ``close()`` ends is sealed into a file in the spill directory. Once
+connected, this thread also delivers the sealed files earlier runs left there for the same
+broker (:mod:`.push`), beside its own messages.
+
+No value and no failure ends this thread: what cannot be packed, encoded or held is dropped and
+counted by reason (the first few are logged by name), an unexpected exception is logged once per
+kind, and the loop goes on.
 """
 
 from __future__ import annotations
@@ -22,53 +29,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import nats
-from nats.aio.client import Client as NATS
-
-from trainvigil.schemas import (
-    CheckpointDigest,
-    Envelope,
-    GilSample,
-    Heartbeat,
-    Record,
-    RunEnd,
-    RunEvent,
-    Source,
-    StepBatch,
-    data_subject,
-    encode,
-    run_token,
-)
+from trainvigil.schemas import Heartbeat, Record, RunEnd, Source, run_token
 from trainvigil.schemas.limits import MAX_NAME
-from trainvigil.schemas.subjects import Kind
+from trainvigil.schemas.settings import retrying
 
 from ._drops import Drops
-from ._values import as_step, describe, wire_text
-from .columnar import Entry, StepBatchBuilder, split_step_batch
-from .options import AgentOptions, nats_servers
+from ._pacing import Pacer
+from ._stuck import StuckProbe
+from ._values import as_step, wire_text
+from .batcher import Batcher
+from .columnar import Entry
+from .options import AgentOptions
 from .outbox import Outbox, OutMsg, SpillError
-from .push import SUFFIX, broker_key, leftovers, publish_round, sealed_name, upload
+from .publisher import NatsPublisher, Publisher
+from .push import SUFFIX, broker_key, leftovers, sealed_name
 
 log = logging.getLogger("trainvigil.agent")
 
-_CHUNK = 256  # entries packed per slice of worker time (keeps each GIL hold well under 1 ms)
-_MAX_PAYLOAD = 768 * 1024  # below nats-server's default 1 MiB max_payload, with room for headers
-_POLL = 0.02  # seconds between checks of the buffers; cheap, and bounds flush latency
+WAKE_EVERY = 1024
+"""``log()`` wakes a sleeping worker once this many steps wait: packing them early frees the training
+thread's metric dicts while their memory is still warm (a tail of ``log()`` otherwise)."""
 _PICKUP_TRIES = 3  # passes over leftover files that failed, before leaving them to the next agent
-_KIND_OF: dict[type, Kind] = {
-    RunEvent: "run",
-    RunEnd: "run",
-    Heartbeat: "hb",
-    CheckpointDigest: "ckpt",
-    GilSample: "gil",
-}
+
+
+class StalledError(ConnectionError):
+    """A publish round was not acknowledged in full; the rest stays in the outbox and is tried again."""
+
+
+@dataclass
+class FlushRequest:
+    """One ``flush()`` call waiting on the worker: ``ok`` once everything logged before it was
+    acknowledged or is on disk, and nothing was dropped."""
+
+    deadline: float
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
 
 
 class Worker:
@@ -82,6 +84,9 @@ class Worker:
         records: deque[Record],
         drops: Drops,
         last_step: Callable[[], Any],
+        publisher: Publisher | None = None,
+        *,
+        train_thread: int | None = None,
     ) -> None:
         self.options = options
         self.source = source
@@ -89,27 +94,32 @@ class Worker:
         self._records = records
         self.drops = drops
         self._last_step = last_step
-        self._seq = 0
-        # Unpredictable message ids; a worker made after fork draws its own.
-        self._nonce = secrets.token_hex(8)
-        self._id_prefix = f"{source.run_id}/{source.rank}/{source.host}/{source.pid}/{self._nonce}"
+        # Where the loop is stuck, once no step completed for two heartbeat intervals.
+        self._stuck = StuckProbe(train_thread, 2 * options.heartbeat_interval)
+        self._pacer = Pacer()
+        self._batcher = Batcher(source, options.batch_size, drops, self._failed)
         # The live spill file; what is left at exit goes to a sealed file (push.SUFFIX) beside it.
-        self._sealed_name = sealed_name(run_token(source.run_id), source.rank, source.pid, self._nonce)
+        self._sealed_name = sealed_name(run_token(source.run_id), source.rank, source.pid, self._batcher.nonce)
         self._outbox = Outbox(
             options.max_memory_bytes,
             options.spill_dir / (self._sealed_name.removesuffix(SUFFIX) + ".live"),
             options.max_spill_bytes,
         )
-        self._nc: NATS | None = None
-        self._js: Any = None
-        self._connected = False
-        self._ever_connected = False
-        self._connect_failed = False
+        name = f"trainvigil-agent {source.run_id}/{source.rank}"
+        self._publisher: Publisher = publisher or NatsPublisher(options, name, self._pacer, self._noticed)
+        self._pushed = 0  # messages put into the outbox so far
+        self._settled = 0  # of those, acknowledged or lost (lost ones are counted as drops)
         self._pickup_pending = True  # until the first pass over leftover files is over
         self.kept_file = ""
         self._closing = threading.Event()
         self._deadline = 0.0
         self._end_status = "ok"
+        self._end_error = ""
+        self._flushes: deque[FlushRequest] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_event: asyncio.Event | None = None
+        self._asleep = False
+        self._progress = asyncio.Event()
         self.delivered_events = 0
         self._reported_drops = 0
         self._last_report = 0.0
@@ -117,21 +127,44 @@ class Worker:
         self._failures: set[str] = set()
         self.thread = threading.Thread(target=self._thread_main, name="trainvigil-agent", daemon=True)
 
-    # ---- called from the training thread -------------------------------------------------
+    # ---- called from other threads -------------------------------------------------------
 
     def start(self) -> None:
         self.thread.start()
 
-    def request_close(self, timeout: float, status: str) -> None:
+    def wake(self) -> None:
+        """Have the worker look at the buffers now. Any thread; never raises.
+
+        Only a sleeping worker is woken: a busy one looks at the buffers before it sleeps again,
+        and the wake-up (a write to the loop's socket) releases the GIL, which a busy worker
+        waiting for it would take from the caller for a whole slice."""
+        loop, event = self._loop, self._wake_event
+        if self._asleep and loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the worker is gone
+                loop.call_soon_threadsafe(event.set)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything buffered before the call is acknowledged or on disk; see ``Agent.flush``."""
+        if not self.thread.is_alive() or self._closing.is_set():
+            return False
+        request = FlushRequest(time.monotonic() + timeout)
+        self._flushes.append(request)
+        self.wake()
+        request.done.wait(timeout)
+        return request.ok
+
+    def request_close(self, timeout: float, status: str, error: str = "") -> None:
         self._end_status = wire_text(str(status), MAX_NAME)
+        self._end_error = error
         self._deadline = time.monotonic() + timeout
         self._closing.set()
+        self.wake()
 
     def stats(self) -> dict[str, Any]:
         """A snapshot for ``Agent.stats()``, safe from any thread: the drop counts are read
         under their lock, the rest are plain numbers the worker replaces (approximate)."""
         return {
-            "connected": self._connected,
+            "connected": self._publisher.connected,
             "delivered_events": self.delivered_events,
             "pending_events": self._outbox.pending_events,
             "spilled_bytes": self._outbox.spilled_bytes,
@@ -148,42 +181,90 @@ class Worker:
         except Exception as exc:  # unreachable by design (every step below catches); counted if not
             self._failed("running the agent thread", exc, "worker_error", 1)
             log.critical("trainvigil: the agent thread stopped; metrics from now on are dropped")
+        finally:
+            for request in self._flushes:
+                request.done.set()
 
     async def _main(self) -> None:
-        connector = asyncio.create_task(self._connect())
-        sender = asyncio.create_task(self._send_loop())
-        pickup = asyncio.create_task(self._pickup())
-        next_flush = time.monotonic() + self.options.flush_interval
+        self._wake_event = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        tasks = [
+            asyncio.create_task(self._publisher.run(self._notify)),
+            asyncio.create_task(self._pump()),
+            asyncio.create_task(self._pickup()),
+        ]
+        opts = self.options
+        next_flush = time.monotonic() + opts.flush_interval
         next_heartbeat = time.monotonic()
         try:
             while not self._closing.is_set():
                 now = time.monotonic()
                 try:
-                    if now >= next_flush or len(self._steps) >= self.options.batch_size or self._records:
-                        next_flush = now + self.options.flush_interval
-                        await self._collect()
+                    flushes = [self._flushes.popleft() for _ in range(len(self._flushes))]
+                    await self._pack()
+                    if flushes or now >= next_flush:
+                        next_flush = now + opts.flush_interval
+                        self._push(self._batcher.seal())
+                    self._push(self._batcher.records(self._records))
+                    for request in flushes:
+                        tasks.append(asyncio.create_task(self._serve_flush(request, self._pushed)))
                     if now >= next_heartbeat:
-                        next_heartbeat = now + self.options.heartbeat_interval
-                        self._push_records([self._heartbeat()])
+                        next_heartbeat = now + opts.heartbeat_interval
+                        self._push(self._batcher.records(deque([self._heartbeat()])))
                     self._report_drops()
                 except Exception as exc:
                     self._failed("running the agent loop", exc, "worker_error", 1)
-                await asyncio.sleep(_POLL)
+                await self._until_woken(min(next_flush, next_heartbeat) - time.monotonic())
             try:
                 await self._collect()
-                self._push_records([self._run_end()])
+                self._push(self._batcher.records(deque([self._run_end()])))
             except Exception as exc:
                 self._failed("flushing at close", exc, "worker_error", 1)
             # A leftover upload under way may finish too; a broker never reached is not waited for.
-            while (len(self._outbox) or self._pickup_pending) and time.monotonic() < self._deadline:
-                if self._connect_failed and not self._ever_connected:
+            while (len(self._outbox) or self._pickup_pending) and not self._publisher.unreachable:
+                if not await self._progressed(self._deadline - time.monotonic()):
                     break
-                await asyncio.sleep(_POLL)
         finally:
-            for task in (connector, sender, pickup):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(connector, sender, pickup, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loop = None
             self._finish()
+
+    async def _until_woken(self, timeout: float) -> None:
+        """Block (GIL released) until :meth:`wake` or ``timeout`` seconds, unless work came meanwhile."""
+        assert self._wake_event is not None
+        self._asleep = True  # set before looking: a wake() from now on is not lost
+        try:
+            idle = len(self._steps) < min(WAKE_EVERY, self.options.batch_size) and not (
+                self._records or self._flushes or self._closing.is_set()
+            )
+            if idle and timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake_event.wait(), timeout)
+        finally:
+            self._asleep = False
+        self._wake_event.clear()
+        self._pacer.rested()
+
+    def _notify(self) -> None:
+        """Something changed (a push, an ack, the connection): wake whoever waits for progress."""
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def _progressed(self, timeout: float | None = None) -> bool:
+        """Wait for the next :meth:`_notify`; ``False`` when ``timeout`` ran out first."""
+        if timeout is not None and timeout <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._progress.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _noticed(self, error: str) -> None:
+        self._last_error = error
 
     def _finish(self) -> None:
         """Keep what was not delivered in a sealed file, for the next agent or ``vigil push``."""
@@ -194,7 +275,11 @@ class Worker:
             # The line below says which, so the drops report above leaves them out.
             self.drops.add("close_timeout", pending)
             url = self.options.nats_url
-            why = f"broker {url} did not acknowledge them in time" if self._ever_connected else f"no broker at {url}"
+            why = (
+                f"broker {url} did not acknowledge them in time"
+                if self._publisher.ever_connected
+                else f"no broker at {url}"
+            )
             where = self.options.spill_dir
             try:
                 self._outbox.seal(where / self._sealed_name, broker_key(url))
@@ -235,119 +320,156 @@ class Worker:
                 exc_info=exc,
             )
 
-    async def _close_connection(self) -> None:
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._nc.close(), timeout=1.0)
-
     # ---- batching ------------------------------------------------------------------------
 
+    async def _pack(self) -> None:
+        """Move the buffered steps into the open batch, a chunk per slice of GIL."""
+        for msgs in self._batcher.pack(self._steps):
+            self._push(msgs)
+            self._pacer()
+            await asyncio.sleep(0)  # let the publisher send what is ready meanwhile
+
     async def _collect(self) -> None:
-        """Drain both deques into encoded messages on the outbox, in GIL-friendly chunks."""
-        steps = self._steps
-        remaining = len(steps)  # what is there now; later calls pick up the rest
-        while remaining:
-            builder = StepBatchBuilder()
-            while remaining and builder.rows < self.options.batch_size:
-                take = min(remaining, _CHUNK, self.options.batch_size - builder.rows)
-                self._add(builder, [steps.popleft() for _ in range(take)])
-                remaining -= take
-                await asyncio.sleep(0)
-            self.drops.merge(builder.dropped, builder.notes)
+        """Everything buffered, onto the outbox."""
+        await self._pack()
+        self._push(self._batcher.seal())
+        self._push(self._batcher.records(self._records))
+
+    def _push(self, msgs: list[OutMsg]) -> None:
+        for msg in msgs:
             try:
-                batch = builder.finish(time.time())
-                if batch is not None:
-                    self._push_steps(batch)
-            except Exception as exc:
-                self._failed("packing or encoding steps", exc, "encode_error", builder.rows)
-        records = []
-        while self._records:
-            records.append(self._records.popleft())
-        if records:
-            self._push_records(records)
+                held = self._outbox.push(msg)
+            except Exception as exc:  # the spill file cannot be written (disk full, permissions)
+                self._failed("spilling to disk", exc, "spill_error", msg.events)
+                continue
+            if held:
+                self._pushed += 1
+            else:
+                self.drops.add("spill_full", msg.events)
+        if msgs:
+            self._notify()
 
-    def _add(self, builder: StepBatchBuilder, chunk: list[Entry]) -> None:
-        """``builder.add(chunk)``; if that fails, entry by entry, so only the culprits are lost."""
+    async def _serve_flush(self, request: FlushRequest, mark: int) -> None:
+        """Answer ``request`` once the first ``mark`` messages are acknowledged, or, while the broker
+        is away, once every message held is on disk (fsynced); or at its deadline."""
         try:
-            builder.add(chunk)
-            return
+            while not request.ok:
+                if self._settled >= mark:
+                    request.ok = True
+                elif not self._publisher.connected:
+                    request.ok = self._outbox.persist()
+                if not request.ok and not await self._progressed(request.deadline - time.monotonic()):
+                    break
         except Exception as exc:
-            self._failed("packing steps", exc)
-        for entry in chunk:
+            self._failed("flushing", exc)
+        finally:
+            request.ok = request.ok and not self.drops.total()
+            request.done.set()
+
+    # ---- publishing ----------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        """Publish the outbox oldest first while the broker is there; a stalled round is retried."""
+        opts = self.options
+        while True:
+            while not (self._publisher.connected and len(self._outbox)):
+                await self._progressed()
             try:
-                builder.add([entry])
-            except Exception:
-                self.drops.add("build_error", note=f"the log() call for step {describe(entry[0])}")
+                async for attempt in retrying(
+                    StalledError, attempts=None, wait_initial=opts.retry_wait_initial, wait_max=opts.retry_wait_max
+                ):
+                    with attempt:
+                        await self._round()
+            except Exception as exc:  # the messages stay in the outbox and are tried again
+                self._failed("publishing", exc)
+                await self._progressed(opts.retry_wait_max)
 
-    def _push_steps(self, batch: StepBatch) -> None:
-        """One message for ``batch``, or several when it is larger than the broker takes."""
-        payload = self._encode([batch])
-        rows = len(batch.step) // 8
-        if len(payload) <= _MAX_PAYLOAD:
-            self._push(data_subject(self.source.run_id, "metrics"), payload, rows)
-        elif rows == 1:
-            step = int.from_bytes(batch.step, "little", signed=True)
-            self.drops.add("too_large", note=f"step {step} with {len(batch.columns)} metrics")
-        else:
-            for part in split_step_batch(batch, min(rows, len(payload) // _MAX_PAYLOAD + 1)):
-                self._push_steps(part)
+    async def _round(self) -> None:
+        """One round trip of up to ``max_inflight`` messages.
 
-    def _push_records(self, records: list[Record]) -> None:
-        by_kind: dict[Kind, list[Record]] = {}
-        for record in records:
-            by_kind.setdefault(_KIND_OF.get(type(record), "run"), []).append(record)
-        for kind, group in by_kind.items():
-            self._push_group(data_subject(self.source.run_id, kind), group)
-
-    def _push_group(self, subject: str, group: list[Record]) -> None:
-        """One message for ``group``; halves when it cannot be encoded or is too large, down to
-        the single record at fault, which is dropped and named."""
-        try:
-            payload = self._encode(group)
-        except Exception as exc:
-            if len(group) == 1:
-                self._failed("encoding a record", exc)
-                self.drops.add("encode_error", note=_name(group[0]))
-                return
-            payload = b""
-        if payload and len(payload) <= _MAX_PAYLOAD:
-            self._push(subject, payload, len(group))
-        elif len(group) > 1:
-            half = len(group) // 2
-            self._push_group(subject, group[:half])
-            self._push_group(subject, group[half:])
-        else:
-            self.drops.add("too_large", note=f"{_name(group[0])} encodes to {len(payload)} bytes")
-
-    def _encode(self, records: list[Record]) -> bytes:
-        self._seq += 1
-        return encode(Envelope(source=self.source, seq=self._seq, records=records))
-
-    def _push(self, subject: str, payload: bytes, events: int) -> None:
-        # The id is fixed here and stored with the message, so every resend carries the same one.
-        msg = OutMsg(subject, f"{self._id_prefix}/{self._seq}", payload, events)
-        try:
-            held = self._outbox.push(msg)
-        except Exception as exc:  # the spill file cannot be written (disk full, permissions)
-            self._failed("spilling to disk", exc, "spill_error", events)
+        Raises:
+            StalledError: not all were acknowledged (they stay in the outbox).
+        """
+        if not (self._publisher.connected and len(self._outbox)):
             return
-        if not held:
-            self.drops.add("spill_full", events)
+        try:
+            msgs = self._outbox.peek(self.options.max_inflight)
+        except SpillError as exc:
+            self._failed("reading the spill file back", exc, "spill_error", exc.events)
+            return
+        acked, error = await self._publisher.publish(msgs, self.options.ack_timeout)
+        if isinstance(error, asyncio.CancelledError) and self._closing.is_set():
+            raise error
+        self._outbox.pop(acked)
+        self._settled += acked
+        self.delivered_events += sum(m.events for m in msgs[:acked])
+        if acked:
+            self._notify()
+        if error is not None:
+            self._last_error = repr(error)
+        if acked < len(msgs):
+            raise StalledError(f"{acked} of {len(msgs)} messages acknowledged: {error!r}")
+
+    async def _pickup(self) -> None:
+        """Once connected, deliver the sealed files earlier runs left in the spill directory for this broker.
+
+        ``_pickup_pending`` is true until the first pass is over and during each later one:
+        ``close()`` lets such a pass finish (within its deadline), never a wait between passes.
+        """
+        failed: list[str] = []
+        where = self.options.spill_dir
+        try:
+            for attempt in range(_PICKUP_TRIES):
+                while not self._publisher.connected:
+                    await self._progressed()
+                self._pickup_pending = True
+                failed = []
+                for path in leftovers(where):
+                    result = await self._publisher.deliver_file(path, broker_key(self.options.nats_url))
+                    if result.error:
+                        failed.append(f"{path.name}: {result.error}")
+                    elif result.done:
+                        log.info("trainvigil: delivered %d leftover events from %s", result.events, path)
+                self._pickup_pending = False
+                self._notify()
+                if not failed or self._closing.is_set():
+                    break
+                await asyncio.sleep(2.0 * (attempt + 1))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed("delivering leftover spill files", exc)
+        finally:
+            self._pickup_pending = False
+            self._notify()
+        if failed:
+            log.warning(
+                "trainvigil: %d leftover spill file(s) not delivered (%s); they stay in %s for the next run or "
+                "`vigil push`",
+                len(failed),
+                "; ".join(failed[:3]),
+                where,
+            )
+
+    # ---- records and reports -------------------------------------------------------------
 
     def _heartbeat(self) -> Heartbeat:
+        last_step = as_step(self._last_step())
         return Heartbeat(
             time=time.time(),
-            last_step=as_step(self._last_step()),
-            buffered=len(self._steps) + self._outbox.pending_events,
+            last_step=last_step,
+            buffered=len(self._steps) + self._batcher.open_rows + self._outbox.pending_events,
             spilled_bytes=self._outbox.spilled_bytes,
-            connected=self._connected,
+            connected=self._publisher.connected,
             dropped=self.drops.snapshot(),
+            stack=self._stuck.sample(last_step),
         )
 
     def _run_end(self) -> RunEnd:
         return RunEnd(
             time=time.time(),
             status=self._end_status,
+            error=self._end_error,
             last_step=as_step(self._last_step()),
             dropped=self.drops.snapshot(),
         )
@@ -361,143 +483,3 @@ class Worker:
             log.warning("trainvigil: %d events dropped so far %s", total, self.drops.snapshot())
             self._reported_drops = total
             self._last_report = now
-
-    # ---- the broker ----------------------------------------------------------------------
-
-    async def _connect(self) -> None:
-        async def on_disconnect() -> None:
-            self._connected = False
-
-        async def on_reconnect() -> None:
-            self._connected = True
-
-        async def on_error(exc: Exception) -> None:
-            self._last_error = repr(exc)
-            if not self._ever_connected:  # nats-py retries the first connect itself, reporting each failure here
-                self._connect_failed_once(exc)
-
-        delay = 0.1
-        while True:
-            try:
-                self._nc = await nats.connect(
-                    nats_servers(self.options.nats_url),
-                    name=f"trainvigil-agent {self.source.run_id}/{self.source.rank}",
-                    connect_timeout=1,
-                    reconnect_time_wait=0.25,
-                    max_reconnect_attempts=-1,
-                    allow_reconnect=True,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                    error_cb=on_error,
-                    pending_size=16 * 2**20,
-                )
-                self._js = self._nc.jetstream(publish_async_max_pending=self.options.max_inflight * 2)
-                self._connected = self._ever_connected = True
-                try:
-                    await asyncio.Future()  # hold the connection until cancelled
-                finally:
-                    await self._close_connection()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._last_error = repr(exc)
-                self._connect_failed_once(exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
-    def _connect_failed_once(self, exc: BaseException) -> None:
-        """Say once, at the first failed connect, that data is kept and where."""
-        if self._connect_failed:
-            return
-        self._connect_failed = True
-        log.warning(
-            "trainvigil: no broker answers at %s (%s: %s); metrics are kept locally (in memory, then under %s) and "
-            "sent once it answers; what is left at exit stays in %s for the next run or `vigil push`",
-            self.options.nats_url,
-            type(exc).__name__,
-            exc,
-            self.options.spill_dir,
-            self.options.spill_dir,
-        )
-
-    async def _pickup(self) -> None:
-        """Once connected, deliver the sealed files earlier runs left in the spill directory for this broker.
-
-        ``_pickup_pending`` is true until the first pass is over and during each later one:
-        ``close()`` lets such a pass finish (within its deadline), never a wait between passes.
-        """
-        failed: list[str] = []
-        try:
-            for attempt in range(_PICKUP_TRIES):
-                while self._js is None or not self._connected:
-                    await asyncio.sleep(_POLL)
-                self._pickup_pending = True
-                failed = []
-                for path in leftovers(self.options.spill_dir):
-                    result = await upload(
-                        self._js,
-                        path,
-                        max_inflight=self.options.max_inflight,
-                        ack_timeout=self.options.ack_timeout,
-                        only_for=broker_key(self.options.nats_url),
-                    )
-                    if result.error:
-                        failed.append(f"{path.name}: {result.error}")
-                    elif result.done:
-                        log.info("trainvigil: delivered %d leftover events from %s", result.events, path)
-                self._pickup_pending = False
-                if not failed or self._closing.is_set():
-                    break
-                await asyncio.sleep(2.0 * (attempt + 1))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._failed("delivering leftover spill files", exc)
-        finally:
-            self._pickup_pending = False
-        if failed:
-            log.warning(
-                "trainvigil: %d leftover spill file(s) not delivered (%s); they stay in %s for the next run or "
-                "`vigil push`",
-                len(failed),
-                "; ".join(failed[:3]),
-                self.options.spill_dir,
-            )
-
-    async def _send_loop(self) -> None:
-        """Publish the outbox oldest first; drop from it only what JetStream acknowledged."""
-        backoff = 0.05
-        while True:
-            js = self._js
-            if js is None or not self._connected or not len(self._outbox):
-                await asyncio.sleep(_POLL)
-                continue
-            try:
-                msgs = self._outbox.peek(self.options.max_inflight)
-                acked, error = await publish_round(js, msgs, self.options.ack_timeout)
-                if error is not None:
-                    if isinstance(error, asyncio.CancelledError) and self._closing.is_set():
-                        raise error
-                    self._last_error = repr(error)
-                self._outbox.pop(acked)
-                self.delivered_events += sum(m.events for m in msgs[:acked])
-                stalled = acked < len(msgs)
-            except SpillError as exc:
-                self._failed("reading the spill file back", exc, "spill_error", exc.events)
-                continue
-            except Exception as exc:  # the messages stay in the outbox and are tried again
-                self._failed("publishing", exc)
-                stalled = True
-            if stalled:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-            else:
-                backoff = 0.05
-
-
-def _name(record: Record) -> str:
-    """How a dropped record is named in the log: an event by its kind, and the step where there is one."""
-    kind = getattr(record, "kind", None)
-    step = getattr(record, "step", None)
-    name = type(record).__name__ if kind is None else f"event {kind!r}"
-    return name if step is None else f"{name} at step {step}"

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 from _procs import alive, spawn
+from _wait import wait_until
 
 CONNECT_TIMEOUT_S = 30.0
 
@@ -59,15 +60,6 @@ def log_paced(agent: Any, steps: int, rate_hz: float) -> np.ndarray:
     return times
 
 
-def wait_connected(agent: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if agent.stats().get("connected"):
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def produce(argv: Sequence[str]) -> int:
     """``RUN_ID URL STEPS``: connect, print ``ready``, wait for a line on stdin, log, close."""
     parser = argparse.ArgumentParser(prog="_agents.py")
@@ -88,7 +80,9 @@ def produce(argv: Sequence[str]) -> int:
     if args.batch_size is not None:
         options["batch_size"] = args.batch_size
     agent = trainvigil.init(run_id=args.run_id, rank=0, nats_url=args.url, **options)
-    if not wait_connected(agent, CONNECT_TIMEOUT_S):
+    try:
+        wait_until(lambda: agent.stats()["connected"], CONNECT_TIMEOUT_S, "the agent to connect", 0.01)
+    except TimeoutError:
         print(f"producer {args.run_id}: not connected to {args.url} after {CONNECT_TIMEOUT_S:g} s", file=sys.stderr)
         return 1
     print("ready", flush=True)

@@ -9,29 +9,19 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _wait import wait_until
 
 STEPS_SERIES = 'vigil_events_ingested_total{kind="steps"}'
 LAG_SERIES = "vigil_consumer_lag"
 WRITE_SECONDS_SERIES = "vigil_batch_write_seconds_sum"
 COMMITS_SERIES = "vigil_batch_write_seconds_count"
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy; raise naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def scrape(port: int) -> dict[str, float]:

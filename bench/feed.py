@@ -9,7 +9,9 @@ loop does when nothing arrives (live it ticks every 0.25 s; 10 s is the resoluti
 5 s from every rank except while the run is silent (``Trace.silent``); a batch carries each
 rank's latest one (earlier ones in the same batch say nothing more). The last batch carries a
 ``RunEnd`` per rank, and idle ticks continue for ``linger_s`` after it: a run that ended cleanly
-must never look stalled.
+must never look stalled. A checkpoint or eval pause is announced when it starts, as
+``agent.event("checkpoint", step=N)`` before a save does: an event on the step before the pause,
+in that step's batch (the tag on the step after it says the same thing once it is over).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from traces import HEARTBEAT_S, Trace
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.batch.from_arrays import batch_of, step_columns_of
-from trainvigil.schemas import Heartbeat, RunEnd, Source
+from trainvigil.schemas import Heartbeat, RunEnd, RunEvent, Source
+
+PAUSE_TAGS = ("checkpoint", "eval")
 
 
 def segments(wall: np.ndarray, chunk: int, gap_s: float) -> list[tuple[int, int]]:
@@ -84,6 +88,7 @@ def batches(
             now=now,
         )
         batch.heartbeats.extend(beats.until(now))
+        batch.events.extend(_announced(trace, a, b))
         if i == len(parts) - 1:
             batch.run_ends.extend((source, RunEnd(time=now, last_step=int(wall.size - 1))) for source in beats.sources)
         yield batch
@@ -91,6 +96,20 @@ def batches(
     while now < end + linger_s:
         now += tick_s
         yield IngestBatch(now=now)
+
+
+def _announced(trace: Trace, a: int, b: int) -> list[tuple[Source, RunEvent]]:
+    """Every rank's pause announcements for steps ``[a, b)``: one before each tagged step."""
+    out = []
+    for r in trace.ranks:
+        source = Source(run_id=trace.run_id, rank=r.rank, world_size=len(trace.ranks))
+        for tag in PAUSE_TAGS:
+            tagged = r.present.get(tag)
+            if tagged is None:
+                continue
+            for p in np.flatnonzero(tagged[a + 1 : b + 1]) + a + 1:
+                out.append((source, RunEvent(time=float(r.time[p - 1]), kind=tag, step=int(r.step[p - 1]))))
+    return out
 
 
 Column = np.ndarray | tuple[np.ndarray, np.ndarray]

@@ -60,8 +60,8 @@ from _procs import (
     start_services,
     steps_committed,
     stored_rows,
-    wait_until,
 )
+from _wait import wait_until
 
 TARGET_STEPS_PER_S = 500_000
 TARGET_RSS_MIB = 1024

@@ -153,7 +153,11 @@ async def serve(
     """
     metrics = DaemonMetrics()
     store = Store(
-        config.db_path, config.stream.consumer, config.stream.name, min_free_bytes=config.store.min_free_bytes
+        config.db_path,
+        config.stream.consumer,
+        config.stream.name,
+        min_free_bytes=config.store.min_free_bytes,
+        memory_limit_bytes=config.store.memory_limit_bytes,
     )
     try:
         async with anyio.create_task_group() as tg:

@@ -19,6 +19,7 @@ import msgspec
 
 from trainvigil.daemon.detectors import DetectorsConfig
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.settings import convert, env_name, from_env, set_path
 
 _NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
@@ -26,7 +27,7 @@ _NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 def _require(key: str, value: object, rule: str, ok: bool) -> None:
     """A value out of range fails at load, naming its key (msgspec turns this into a ValidationError)."""
     if not ok:
-        env = "VIGIL_" + key.upper().replace(".", "_")
+        env = env_name(tuple(key.split(".")))
         raise ValueError(f"{key} ({env}) must be {rule}, not {value!r}")
 
 
@@ -99,12 +100,20 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             pauses ingest (nothing is acked, the stream keeps it), so queries and DuckDB's
             checkpoint still have room; it resumes by itself when space returns. 0: no floor
             (a write that finds the disk full still pauses, never fails).
+        memory_limit_bytes: DuckDB's memory (its buffer pool, inserts and queries together);
+            a query that needs more spills to the temp directory or fails with an
+            out-of-memory answer, and ingest waits for the memory instead of losing anything.
+            With the ingest pipeline's bounded fetches it keeps the daemon within ~512 MiB
+            under any flood. 0: DuckDB's default (80% of the machine's memory).
     """
 
     min_free_bytes: int = 256 * 2**20
+    memory_limit_bytes: int = 128 * 2**20
 
     def __post_init__(self) -> None:
         _require("store.min_free_bytes", self.min_free_bytes, "an integer >= 0", self.min_free_bytes >= 0)
+        limit_ok = self.memory_limit_bytes == 0 or self.memory_limit_bytes >= 32 * 2**20
+        _require("store.memory_limit_bytes", self.memory_limit_bytes, "0 (DuckDB's default) or >= 32 MiB", limit_ok)
 
 
 class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -115,7 +124,7 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             body); empty: no webhook.
         timeout_s: one POST (connect, send, status line) gives up after this long.
         retries: further attempts after a failed one (connection error, timeout, 5xx, 408, 429).
-        backoff_s: wait before the first retry; doubled for each later one.
+        backoff_s: wait before the first retry; doubled for each later one, up to ``backoff_max_s``.
         queue_size: updates waiting for the webhook; past it the oldest is dropped and counted.
         drain_s: on shutdown, queued updates get this long to go out.
     """
@@ -124,6 +133,7 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeout_s: float = 5.0
     retries: int = 3
     backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
     queue_size: int = 1000
     drain_s: float = 5.0
 
@@ -132,6 +142,12 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"alerts.webhook_url must start with http:// or https://, not {self.webhook_url!r}")
         if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.queue_size < 1 or self.drain_s < 0:
             raise ValueError("alerts: timeout_s and queue_size must be positive; retries, backoff_s, drain_s >= 0")
+        _require(
+            "alerts.backoff_max_s",
+            self.backoff_max_s,
+            "a number >= alerts.backoff_s",
+            self.backoff_max_s >= self.backoff_s,
+        )
 
 
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -169,7 +185,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     http_host: str = "127.0.0.1"
     http_port: int = 9464
     fetch_batch: int = 256
-    fetch_max_bytes: int = 16 * 2**20
+    fetch_max_bytes: int = 8 * 2**20
     fetch_timeout_s: float = 0.25
     query_row_limit: int = 10_000
     query_timeout_s: float = 30.0
@@ -204,24 +220,6 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return Path(self.data_dir) / "vigil.duckdb"
 
 
-def _env_names(struct: type[msgspec.Struct], path: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
-    """``VIGIL_*`` name → the path of the key it sets."""
-    names: dict[str, tuple[str, ...]] = {}
-    for field in msgspec.structs.fields(struct):
-        key = (*path, field.name)
-        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
-            names.update(_env_names(field.type, key))
-        else:
-            names["VIGIL_" + "_".join(key).upper()] = key
-    return names
-
-
-def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
 def load(
     path: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -246,15 +244,12 @@ def load(
             raise ConfigError(f"config file {path} does not exist", key="config") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}", key="config") from None
-    for env_name, key_path in _env_names(DaemonConfig).items():
-        if env.get(env_name, "") != "":
-            _set(tree, key_path, env[env_name])
+    from_env(DaemonConfig, env, tree)
     for dotted, value in (overrides or {}).items():
         if value is not None:
-            _set(tree, tuple(dotted.split(".")), value)
+            set_path(tree, tuple(dotted.split(".")), value)
     try:
-        # strict=False lets environment strings convert to numbers ("9464" -> 9464).
-        return msgspec.convert(tree, DaemonConfig, strict=False)
+        return convert(tree, DaemonConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(
             f"invalid configuration: {exc} (from {path or 'defaults'}, VIGIL_* environment or flags)"

@@ -35,6 +35,9 @@ Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 Count64 = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+MAX_FRAMES = 32
+Frames = Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_NAME)]], msgspec.Meta(max_length=MAX_FRAMES)]
+"""A short stack sample: at most ``MAX_FRAMES`` frames of at most ``MAX_NAME`` characters."""
 
 
 def fields_depth(value: Any, limit: int = MAX_FIELDS_DEPTH) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -38,6 +38,9 @@ class QueryResult(msgspec.Struct, frozen=True):
     """On the wire: more parts of this answer follow (answers are split to fit NATS messages)."""
     note: str = ""
     """Why the answer was cut: ``truncated at N rows ...`` or ``truncated at N bytes ...``."""
+    truncated_by: Literal["", "rows", "bytes"] = ""
+    """Which budget cut the answer: ``rows`` (the row limit) or ``bytes`` (``query_max_bytes``); empty when
+    it is whole. A daemon older than this field sends only ``truncated`` and ``note``."""
 
 
 def validate(request: QueryRequest) -> QueryRequest:

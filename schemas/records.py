@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from .limits import Count32, Count64, Int32, Int64, Name, Rank, Text, Time
+from .limits import Count32, Count64, Frames, Int32, Int64, Name, Rank, Text, Time
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 1
+SCHEMA_MINOR = 2
 
 KNOWN_METRICS: tuple[str, ...] = (
     "loss",
@@ -84,9 +84,11 @@ class RunStart(_Record, frozen=True, tag="run_start"):
 
 
 class RunEnd(_Record, frozen=True, tag="run_end"):
-    """An agent closed cleanly (``status`` ``ok``) or on an exception (``error``)."""
+    """An agent closed cleanly (``status`` ``ok``) or on an exception (``error``; ``error``
+    holds ``Type: message`` of an uncaught one, minor 2)."""
 
     status: Name = "ok"
+    error: Text = ""
     last_step: Int64 | None = None
     dropped: dict[Name, Count64] = {}
 
@@ -111,6 +113,9 @@ class Heartbeat(_Record, frozen=True, tag="heartbeat"):
     spilled_bytes: Count64 = 0
     connected: bool = True
     dropped: dict[Name, Count64] = {}
+    stack: Frames = []
+    """Innermost-last frames (``file:line function``) of the training thread, sent only while no
+    step has completed for a while: where a hung loop is stuck (minor 2)."""
 
 
 class ThreadShare(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,7 +161,8 @@ class CheckpointDigest(_Record, frozen=True, tag="ckpt"):
 
 
 class Anomaly(_Record, frozen=True, tag="anomaly"):
-    """One alert episode's state: ``state`` is ``open``, ``escalated`` or ``cleared``."""
+    """One alert episode's state: ``state`` is ``open``, ``escalated``, ``degraded`` (its flags
+    stopped but the metric did not return to its level before the incident) or ``cleared``."""
 
     run_id: Name
     rank: Rank
@@ -169,7 +175,7 @@ class Anomaly(_Record, frozen=True, tag="anomaly"):
     message: Text = ""
     state: Name = "open"
     episode: Name = ""
-    """Shared by every update of one incident (open, escalated, cleared)."""
+    """Shared by every update of one incident (open, escalated, degraded, cleared)."""
     last_step: Int64 | None = None
     """The latest step that was flagged in this episode."""
 

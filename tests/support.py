@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _wait import wait_until as wait_for  # the one deadline helper, shared with bench/ (tests call it wait_for)
 
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
 from trainvigil.daemon.cli.sqlclient import ask_daemon
@@ -18,18 +18,6 @@ from trainvigil.schemas.query import QueryRequest, QueryResult
 
 HERE = Path(__file__).parent
 CHILD_OFFSET = 1_000_000
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
 class NatsServer:
@@ -121,7 +109,9 @@ class Daemon:
 
 def run_producer(nats_url: str, run_id: str, rank: int, steps: int, *args: str) -> subprocess.Popen[bytes]:
     """``tests/producer.py`` as a separate training process."""
-    env = {**os.environ, "VIGIL_NATS_URL": nats_url}
+    # The child imports this module, so it gets the import path pytest gives the tests (``pythonpath``).
+    path = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent / "bench"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "VIGIL_NATS_URL": nats_url, "PYTHONPATH": path}
     return subprocess.Popen(
         [sys.executable, str(HERE / "producer.py"), run_id, str(rank), str(steps), *args],
         env=env,

@@ -27,7 +27,7 @@ from support import NatsServer, wait_for
 
 import trainvigil
 from trainvigil.agents import Agent, columnar
-from trainvigil.agents import worker as worker_module
+from trainvigil.agents import batcher as worker_module
 from trainvigil.agents._values import MAX_ITEMS, make_event
 from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch
 from trainvigil.daemon.broker.jetstream import ensure_stream

@@ -376,3 +376,30 @@ def test_a_cleanly_ended_stream_leaves_no_state_behind() -> None:
     assert stateful and all(("run", 0) in d._streams for d in stateful if d.name in ("grad_spike", "loss_spike"))
     detectors.run_all(ds, IngestBatch(run_ends=[(Source(run_id="run", rank=0), RunEnd(time=300.0))]))
     assert all(("run", 0) not in d._streams for d in stateful)
+
+
+# ---- recovery means recovered (issue 21 part 3) -------------------------------------------------
+
+
+def test_a_loss_that_settles_worse_after_an_lr_jump_stays_open_as_degraded_and_names_the_lr() -> None:
+    n, k = 2000, 1000
+    loss = noisy(90, n=n, sigma=0.05, level=1.5)
+    loss[k : k + 8] *= 20.0  # the blow-up
+    loss[k + 8 :] *= 1.7  # then it settles 1.7x worse, for good
+    lr = np.full(n, 1e-4)
+    lr[k:] = 3e-3  # LR x30 that no schedule explains
+    out = run_detector("loss_spike", {0: {"loss": loss, "lr": lr}})
+    states = [a.state for a in out]
+    assert states[0] == "open" and "degraded" in states and "cleared" not in states, states
+    degraded = next(a for a in out if a.state == "degraded")
+    assert "not recovered" in degraded.message and "1.7x its level" in degraded.message
+    assert "lr went 0.0001 -> 0.003 (30x)" in degraded.message
+
+
+def test_a_spike_the_run_recovers_from_clears_as_before() -> None:
+    n, k = 2000, 1000
+    loss = noisy(91, n=n, sigma=0.05, level=1.5)
+    loss[k : k + 8] *= 20.0
+    out = run_detector("loss_spike", {0: {"loss": loss, "lr": np.full(n, 1e-4)}})
+    assert [a.state for a in out][0] == "open" and out[-1].state == "cleared"
+    assert all(a.state != "degraded" for a in out)

@@ -22,6 +22,7 @@ from support import Daemon, NatsServer, wait_for
 
 from trainvigil.daemon.batch.decode import RawMessage, decode_batch
 from trainvigil.daemon.store.writer import Store
+from trainvigil.errors import StoreUnavailableError
 from trainvigil.schemas import Envelope, RunEvent, Source, encode
 
 _SRC = {"run_id": "r"}
@@ -246,3 +247,41 @@ def test_poison_on_the_bus_never_stops_the_daemon(daemon: Daemon, nats_server: N
     assert daemon.scalar("select count(*) from dead_letters") == len(POISON)
     assert daemon.scalar("select count(*) from events") == len(POISON) + 1
     assert daemon.process is not None and daemon.process.poll() is None, "the daemon keeps running"
+
+
+class _OutOfMemoryStore(Store):
+    """DuckDB out of memory while writing, until ``memory_returns``: a pure fault seam."""
+
+    memory_returns = False
+
+    def _write_records(self, b: Any) -> None:
+        if not self.memory_returns:
+            raise duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate (for the test)")
+        super()._write_records(b)
+
+
+def test_a_write_out_of_memory_pauses_and_dead_letters_nothing(tmp_path: Path) -> None:
+    store = _OutOfMemoryStore(tmp_path / "v.duckdb")
+    msgs = [RawMessage("vigil.v1.r.run", _valid_event("ok"), i + 1) for i in range(10)]
+    batch = decode_batch(msgs)
+    with pytest.raises(StoreUnavailableError) as caught:
+        store.write(batch)
+    assert caught.value.cause == "out_of_memory"
+    assert "store.memory_limit_bytes" in str(caught.value)
+    assert store.con.execute("select count(*) from dead_letters").fetchone() == (0,)
+    assert store.last_seq == 0, "nothing committed: the stream keeps every message"
+    store.memory_returns = True
+    assert store.write(batch) == []
+    assert store.con.execute("select count(*) from events").fetchone() == (10,)
+    store.close()
+
+
+def test_duckdb_memory_is_bounded_and_sql_cannot_raise_the_bound(tmp_path: Path) -> None:
+    store = Store(tmp_path / "v.duckdb", memory_limit_bytes=64 * 2**20)
+    con = store.cursor()
+    assert con.execute("select current_setting('memory_limit')").fetchone() == ("64.0 MiB",)
+    with pytest.raises(duckdb.Error):
+        con.execute("set memory_limit = '10GB'")
+    with pytest.raises(duckdb.OutOfMemoryException):
+        con.execute("select list(i) from range(50000000) t(i)").fetchall()
+    store.close()

@@ -2,9 +2,11 @@
 
 Ingest hands updates over with :meth:`WebhookSink.offer`, which never waits: they go into a
 bounded memory stream, and one worker task posts them in order, each with a timeout and
-retries with exponential backoff. A slow or dead webhook therefore only fills the queue;
-once it is full the **oldest** queued update is dropped (the newer state of an incident is
-the more useful one), counted as ``vigil_alert_webhook_total{outcome="dropped"}`` and logged.
+retries under the one retry policy (:func:`trainvigil.schemas.settings.retrying`: exponential
+backoff from ``alerts.backoff_s``, ``alerts.retries`` further attempts). A slow or dead
+webhook therefore only fills the queue; once it is full the **oldest** queued update is
+dropped (the newer state of an incident is the more useful one), counted as
+``vigil_alert_webhook_total{outcome="dropped"}`` and logged.
 
 The body is Slack-compatible: ``{"text": "<one line>", ...every Anomaly field}``. HTTP is a
 minimal HTTP/1.1 client on anyio streams (TLS for ``https://``), so a hung server is
@@ -24,6 +26,7 @@ from trainvigil.daemon.alerts.format import as_json, summary
 from trainvigil.daemon.config import AlertsConfig
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.schemas import Anomaly
+from trainvigil.schemas.settings import retrying
 
 log = structlog.get_logger("trainvigil.alerts")
 
@@ -32,6 +35,20 @@ _RETRY_STATUS = frozenset({408, 429})
 
 class WebhookResponseError(OSError):
     """The server closed the connection or answered something that is not HTTP."""
+
+
+class WebhookStatusError(Exception):
+    """The webhook answered with a status other than 2xx; ``retry``: whether trying again may help."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.retry = status >= 500 or status in _RETRY_STATUS
+
+
+def _worth_retrying(exc: Exception) -> bool:
+    """Connection errors, timeouts, 5xx, 408 and 429; not a request the server refused as wrong."""
+    return isinstance(exc, OSError | TimeoutError) or (isinstance(exc, WebhookStatusError) and exc.retry)
 
 
 def webhook_body(anomaly: Anomaly) -> bytes:
@@ -139,27 +156,25 @@ class WebhookSink:
     async def _deliver(self, anomaly: Anomaly) -> None:
         cfg = self.config
         body = webhook_body(anomaly)
-        error = ""
         attempts = 0
-        for attempt in range(cfg.retries + 1):
-            if attempt:
-                self.metrics.webhook["retried"] += 1
-                await anyio.sleep(cfg.backoff_s * 2 ** (attempt - 1))
-            attempts += 1
-            try:
-                status = await post_json(cfg.webhook_url, body, cfg.timeout_s)
-            except TimeoutError:
-                error = f"no answer within {cfg.timeout_s:g} s"
-                continue
-            except OSError as exc:  # refused, reset, DNS, TLS (ssl errors are OSErrors), not HTTP
-                error = repr(exc)
-                continue
-            if 200 <= status < 300:
-                self.metrics.webhook["sent"] += 1
-                return
-            error = f"HTTP {status}"
-            if status < 500 and status not in _RETRY_STATUS:
-                break  # the request itself is wrong: retrying will not help
+        try:
+            async for attempt in retrying(
+                _worth_retrying, attempts=cfg.retries + 1, wait_initial=cfg.backoff_s, wait_max=cfg.backoff_max_s
+            ):
+                with attempt:
+                    if attempts:
+                        self.metrics.webhook["retried"] += 1
+                    attempts += 1
+                    status = await post_json(cfg.webhook_url, body, cfg.timeout_s)
+                    if not 200 <= status < 300:
+                        raise WebhookStatusError(status)
+        except TimeoutError:
+            error = f"no answer within {cfg.timeout_s:g} s"
+        except (OSError, WebhookStatusError) as exc:  # refused, reset, DNS, TLS (ssl errors are OSErrors), not HTTP
+            error = str(exc) if isinstance(exc, WebhookStatusError) else repr(exc)
+        else:
+            self.metrics.webhook["sent"] += 1
+            return
         self.metrics.webhook["failed"] += 1
         log.warning(
             "alert_webhook_failed",

@@ -2,7 +2,8 @@
 
 ``vigil up`` without ``--nats`` uses the NATS server that answers on 127.0.0.1:4222, else
 starts this binary there with JetStream storage under the data directory, restarts it if it
-dies and stops it on exit. It runs in its own session, so a Ctrl-C on the terminal reaches
+dies (under the one retry policy, :func:`trainvigil.schemas.settings.retrying`) and stops it on
+exit. It runs in its own session, so a Ctrl-C on the terminal reaches
 only the daemon, which drains and acks before it stops the broker.
 """
 
@@ -21,16 +22,29 @@ import structlog
 from anyio.abc import ByteReceiveStream, Process, TaskStatus
 
 from trainvigil.errors import VigilError
+from trainvigil.schemas.settings import retrying
 
 log = structlog.get_logger("trainvigil.nats")
 
 
 START_TIMEOUT_S = 10.0
 """The bundled nats-server must listen within this long of being started."""
+RESTART_WAIT_S = (0.25, 5.0)
+"""A server that died is started again after the first of these, doubling up to the second while it keeps
+failing to come up; one that came up and later died waits the first again."""
 
 
 class NatsServerNotFoundError(VigilError):
     """The nats-server binary is not installed."""
+
+
+class ServerExitedError(Exception):
+    """The supervised nats-server exited; ``listened``: it had come up before."""
+
+    def __init__(self, code: int | None, listened: bool) -> None:
+        super().__init__(f"nats-server exited with code {code}")
+        self.code = code
+        self.listened = listened
 
 
 class BrokerUnavailableError(VigilError):
@@ -127,6 +141,7 @@ async def supervise(
     store_dir: Path,
     *,
     host: str = "127.0.0.1",
+    restart_wait_s: tuple[float, float] = RESTART_WAIT_S,
     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run nats-server until cancelled, restarting it when it dies; reports its URL once up.
@@ -140,42 +155,48 @@ async def supervise(
     store_dir.mkdir(parents=True, exist_ok=True)
     url = f"nats://{host}:{port}"
     started = False
-    delay = 0.25
-    while True:
-        tail = bytearray()
-        process = await anyio.open_process(
-            server_args(binary, port, store_dir, host),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            async with anyio.create_task_group() as tg:
-                if process.stderr is not None:
-                    tg.start_soon(_keep_tail, process.stderr, tail)
-                if await _listening(process, host, port):
-                    log.info("nats_server_started", url=url, pid=process.pid, store_dir=str(store_dir))
-                    if not started:
-                        started = True
-                        task_status.started(url)
-                    delay = 0.25
-                elif not started:
-                    await _stop(process)  # never came up: nothing to supervise
-                await process.wait()
-        finally:
-            if process.returncode is None:  # cancelled: the daemon is stopping
-                await _stop(process)
-                log.info("nats_server_stopped", url=url, code=process.returncode)
-        code = process.returncode
-        if not started:
-            raise BrokerUnavailableError(
-                f"the bundled nats-server did not start on {host}:{port} (exit code {code}: {_last_line(tail)}); "
-                "free the port or pass --embedded-port, or point --nats at a running broker",
-                url=url,
+    first, most = restart_wait_s
+
+    def restart(exc: Exception) -> bool | float:
+        # After a run that came up, the next start waits the first interval again, not the grown one.
+        return isinstance(exc, ServerExitedError) and (first if exc.listened else True)
+
+    async for attempt in retrying(restart, attempts=None, wait_initial=first, wait_max=most):
+        with attempt:
+            tail = bytearray()
+            process = await anyio.open_process(
+                server_args(binary, port, store_dir, host),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
-        if code == 0:  # told to stop (SIGTERM/SIGINT from outside): not an error, but restart it
-            log.info("nats_server_exited", code=code)
-        else:
-            log.error("nats_server_exited", code=code, stderr=tail.decode(errors="replace")[-500:])
-        await anyio.sleep(delay)
-        delay = min(delay * 2, 5.0)
+            listened = False
+            try:
+                async with anyio.create_task_group() as tg:
+                    if process.stderr is not None:
+                        tg.start_soon(_keep_tail, process.stderr, tail)
+                    listened = await _listening(process, host, port)
+                    if listened:
+                        log.info("nats_server_started", url=url, pid=process.pid, store_dir=str(store_dir))
+                        if not started:
+                            started = True
+                            task_status.started(url)
+                    elif not started:
+                        await _stop(process)  # never came up: nothing to supervise
+                    await process.wait()
+            finally:
+                if process.returncode is None:  # cancelled: the daemon is stopping
+                    await _stop(process)
+                    log.info("nats_server_stopped", url=url, code=process.returncode)
+            code = process.returncode
+            if not started:
+                raise BrokerUnavailableError(
+                    f"the bundled nats-server did not start on {host}:{port} (exit code {code}: {_last_line(tail)}); "
+                    "free the port or pass --embedded-port, or point --nats at a running broker",
+                    url=url,
+                )
+            if code == 0:  # told to stop (SIGTERM/SIGINT from outside): not an error, but restart it
+                log.info("nats_server_exited", code=code)
+            else:
+                log.error("nats_server_exited", code=code, stderr=tail.decode(errors="replace")[-500:])
+            raise ServerExitedError(code, listened)

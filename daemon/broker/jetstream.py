@@ -66,13 +66,14 @@ async def bind_consumer(js: JetStreamContext, cfg: StreamConfig, start_seq: int)
     The DuckDB offset is the truth: the consumer is recreated from it on every start, and from
     the ingest's ``next_seq`` on every rewind, so messages fetched but never committed come
     again, in order, before anything newer (a consumer left as it was would only redeliver
-    them after ``ack_wait``, behind newer messages).
+    them after ``ack_wait``, behind newer messages). Acks are flow control only (the offset is
+    the durability), so the policy is ``all``: one ack after each commit covers its batch.
     """
     with contextlib.suppress(NotFoundError):
         await js.delete_consumer(cfg.name, cfg.consumer)
     config = api.ConsumerConfig(
         durable_name=cfg.consumer,
-        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_policy=api.AckPolicy.ALL,
         ack_wait=cfg.ack_wait_s,
         max_ack_pending=100_000,
         max_waiting=16,

@@ -1,10 +1,12 @@
 """The ``vigil`` command line.
 
-Exit codes: 0 success; 1 the query was refused or failed, or ``vigil push`` left files undelivered;
+Exit codes: 0 success; 1 the query was refused or failed, ``vigil export`` could not write its file, or
+``vigil push`` left files undelivered;
 2 bad usage or configuration (a value out of range, a malformed URL, a data directory that cannot be
 used or that another daemon holds, a port that another program holds); 3 something needed is not
 there: the daemon's packages, a broker within ``connect_timeout_s`` (or, for ``vigil push``, at all),
-or a daemon or data directory to answer a query.
+or a daemon or data directory to answer a query; 4 ``vigil sql`` (``runs``, ``alerts``) printed an answer
+that a row limit or byte budget cut short (stderr says which; ``vigil export`` gets every row of a run).
 Every failure is one line on stderr, ``vigil: ...``, saying what to do next.
 """
 
@@ -26,8 +28,9 @@ if TYPE_CHECKING:
     import duckdb
 
     from trainvigil.daemon.config import DaemonConfig
+    from trainvigil.schemas.query import QueryResult
 
-EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED = 0, 1, 2, 3, 4
 
 RUNS_SQL = """
 SELECT r.run_id, r.status, r.world_size,
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "alerts",
         help="list alert episodes, or follow updates live (--follow)",
         description="List alert episodes from the anomalies table (one row per incident), or with --follow "
-        "print each update (open, escalated, cleared) as the daemon publishes it, until Ctrl-C.",
+        "print each update (open, escalated, degraded, cleared) as the daemon publishes it, until Ctrl-C.",
     )
     alerts.add_argument("--run", help="only this run")
     alerts.add_argument("--follow", action="store_true", help="subscribe to vigil.v1.alerts.> and print updates")
@@ -129,6 +132,24 @@ def build_parser() -> argparse.ArgumentParser:
         "~/.cache/trainvigil/spill)",
     )
     push.add_argument("--nats", dest="nats_url", help="broker URL (default VIGIL_NATS_URL, else nats://127.0.0.1:4222)")
+    from trainvigil.daemon.cli.export import TABLES  # light: no daemon packages at import
+
+    export = sub.add_parser(
+        "export",
+        help="write every row of a run (no row limit), as CSV or Parquet",
+        description="Write every row of one run's table, however many, past the query row limit and byte "
+        "budget: read from the running daemon a page at a time (or the data directory's file if none runs). "
+        "CSV goes to stdout unless -o; -o FILE is written to a temp file and renamed once complete. "
+        "Progress on stderr. Exit 0 written; 1 a page failed or the file could not be written (-o FILE is "
+        "left as it was); 2 no such run, or bad usage; 3 no daemon and no data.",
+    )
+    export.add_argument("run", help="the run id (see `vigil runs`)")
+    export.add_argument("--table", choices=list(TABLES), default="steps", help="default: steps")
+    export.add_argument("--format", choices=["csv", "parquet"], default="csv", help="default: csv")
+    export.add_argument("-o", "--output", help="file to write (needed for parquet); default: stdout")
+    export.add_argument("--data-dir", help="data directory to read when no daemon answers (default ./vigil-data)")
+    export.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
+    export.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     verify.add_parser(sub)
     return parser
 
@@ -268,7 +289,30 @@ def _query(args: argparse.Namespace, sql: str) -> int:
     if where != f"daemon at {url}":  # sqlclient's answer when it read the file itself
         print(f"vigil: no daemon answered at {url}; answered from {where}", file=sys.stderr)
     sys.stdout.write(render(result, args.format))
+    if result.truncated:
+        sys.stdout.flush()
+        print(_truncation(result, args.limit, cfg.query_row_limit), file=sys.stderr)
+        return EXIT_TRUNCATED
     return EXIT_OK
+
+
+def _truncation(result: QueryResult, limit: int | None, default_limit: int) -> str:
+    """One line saying how much came, which budget cut it, and how to get everything."""
+    n = len(result.rows)
+    if result.truncated_by == "bytes":
+        why = f"the answer's byte budget (query_max_bytes): {result.note}"
+    elif result.truncated_by == "rows" and limit == n:
+        why = f"--limit {n}"
+    elif result.truncated_by == "rows" and n < (limit or default_limit):
+        why = f"the daemon's query_row_limit, {n} (a larger --limit is lowered to it)"
+    elif result.truncated_by == "rows":
+        why = f"the row limit, query_row_limit = {n} (raise it with --limit)"
+    else:  # a daemon older than truncated_by
+        why = result.note or "a budget of the daemon"
+    return (
+        f"vigil: truncated: {n} rows returned, cut by {why}; the rest is missing. Every row of a run: "
+        "vigil export RUN [--table T] [--format csv|parquet]; else narrow the query (WHERE, LIMIT)"
+    )
 
 
 def _unreadable(exc: duckdb.Error, url: str, cfg: DaemonConfig) -> Exception:
@@ -280,6 +324,33 @@ def _unreadable(exc: duckdb.Error, url: str, cfg: DaemonConfig) -> Exception:
             "broker?); query through that daemon: --nats URL, or --config with its configuration file"
         )
     return DaemonUnavailableError(f"no daemon answered at {url}, and {cfg.db_path} cannot be read: {exc}")
+
+
+def _export(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from trainvigil.daemon import config as config_mod
+    from trainvigil.daemon.cli.export import TABLES, Progress, count_rows, export_rows, output, patient, target
+    from trainvigil.daemon.cli.sqlclient import QuerySource
+
+    cfg = config_mod.load(args.config, {"data_dir": args.data_dir, "nats_url": args.nats_url})
+    url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
+    table, path = TABLES[args.table], target(args.output, args.format)
+    with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5) as source:
+        ask = patient(source.ask)
+        try:
+            total = count_rows(ask, table, args.run)  # the first query: it decides daemon or file
+        except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database
+            raise _unreadable(exc, url, cfg) from exc
+        if not source.from_daemon:
+            print(f"vigil: no daemon answered at {url}; reading {source.where}", file=sys.stderr)
+        what = f"export of run {args.run} ({table.name})"
+        with output(path, binary=args.format == "parquet") as out:
+            rows = export_rows(
+                ask, table, args.run, args.format, out, page_rows=cfg.query_row_limit, progress=Progress(what, total)
+            )
+    print(f"vigil: exported {rows} rows of run {args.run} ({table.name}) to {path or 'stdout'}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _alerts(args: argparse.Namespace) -> int:
@@ -361,12 +432,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_UNAVAILABLE
     from trainvigil.agents.push import NoBrokerError, PushIncompleteError
+    from trainvigil.daemon.cli.export import ExportWriteError, UnknownRunError
     from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError, ReplayError
 
     # What each failure prints and exits with (first match wins). Errors of the libraries
     # underneath are turned into these where their meaning is known (_startup_error, _unreadable).
     failures: dict[type[Exception], tuple[str, int]] = {
         QueryRefusedError: ("refused: ", EXIT_QUERY),
+        UnknownRunError: ("", EXIT_USAGE),
+        ExportWriteError: ("", EXIT_QUERY),
         QueryError: ("query failed: ", EXIT_QUERY),
         ReplayError: ("cannot replay: ", EXIT_USAGE),
         PushIncompleteError: ("push incomplete: ", EXIT_QUERY),
@@ -388,6 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _query(args, RUNS_SQL)
         if args.command == "alerts":
             return _alerts(args)
+        if args.command == "export":
+            return _export(args)
         if args.command == "replay":
             from trainvigil.daemon import config as config_mod
             from trainvigil.daemon.cli.replay import replay_file

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import TracebackType
 
+import duckdb
 import msgspec
 import nats
 import nats.errors
+from nats.aio.client import Client as NATS
 
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
 from trainvigil.errors import DaemonUnavailableError, QueryError, QueryRefusedError
@@ -21,19 +24,23 @@ async def _quiet(exc: Exception) -> None:
     """nats-py prints every connection error; here a missing broker is an expected answer."""
 
 
-async def ask_daemon(url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
-    """The daemon's answer, or ``None`` when no broker or no daemon is there."""
+async def _connect(url: str) -> NATS | None:
+    """A connection to the broker at ``url``, or ``None`` when none answers."""
     try:
-        nc = await asyncio.wait_for(
+        return await asyncio.wait_for(
             nats.connect(url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False, error_cb=_quiet),
             timeout=3,
         )
     except (TimeoutError, OSError, nats.errors.Error):
         return None
+
+
+async def _ask(nc: NATS, url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
+    """The daemon's answer over ``nc``, or ``None`` when no daemon listens on the query subject."""
     parts: list[QueryResult] = []
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
     try:
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
         await nc.publish(QUERY_SUBJECT, msgspec.msgpack.encode(request), reply=inbox)
         while not parts or parts[-1].more:
             reply = await sub.next_msg(timeout=timeout)
@@ -43,8 +50,113 @@ async def ask_daemon(url: str, request: QueryRequest, timeout: float) -> QueryRe
     except nats.errors.TimeoutError:
         raise QueryError(f"the daemon at {url} did not answer within {timeout:g} s") from None
     finally:
-        await nc.close()
+        await sub.unsubscribe()
     return join_results(parts)
+
+
+async def ask_daemon(url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
+    """The daemon's answer, or ``None`` when no broker or no daemon is there."""
+    nc = await _connect(url)
+    if nc is None:
+        return None
+    try:
+        return await _ask(nc, url, request, timeout)
+    finally:
+        await nc.close()
+
+
+class QuerySource:
+    """Where read-only queries are answered: the daemon at ``nats_url``, else ``data_dir``'s file.
+
+    Decided by the first query and kept for the next ones, so a paged export reads from one place
+    (one broker connection, or the file opened once). Use it as a context manager: it holds the
+    connection or the file (and its read lock) until it closes.
+
+    Args:
+        timeout: seconds to wait for each answer; reading the file, each query's timeout.
+        max_bytes: the bytes of encoded rows an answer holds at most (the daemon may lower it).
+    """
+
+    def __init__(self, *, nats_url: str, data_dir: str | Path, timeout: float, max_bytes: int | None = None) -> None:
+        self.nats_url = nats_url
+        self.path = Path(data_dir) / "vigil.duckdb"
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.where = ""
+        """``daemon at URL`` or the file's path, once a query was answered."""
+        self._runner = asyncio.Runner()
+        self._nc: NATS | None = None
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    @property
+    def from_daemon(self) -> bool:
+        return self._nc is not None
+
+    def __enter__(self) -> QuerySource:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            if self._nc is not None:
+                self._runner.run(self._nc.close())
+        finally:
+            self._runner.close()
+            if self._con is not None:
+                self._con.close()
+            self._nc = self._con = None
+
+    def ask(self, sql: str, limit: int) -> QueryResult:
+        """Run ``sql``; the answer holds at most ``limit`` rows (``truncated`` says when it was cut).
+
+        Raises:
+            QueryRefusedError: not a read-only query, or ``limit``/``max_bytes`` below 1 (checked
+                before anything is sent).
+            QueryError: the query failed.
+            DaemonUnavailableError: no daemon answered and there is no database file, or the daemon
+                that answered before stopped answering.
+            duckdb.Error: the file cannot be opened (a daemon holds it, or it is not a database).
+        """
+        request = validate(QueryRequest(sql=sql, limit=limit, max_bytes=self.max_bytes))
+        if self._con is None:
+            result = self._ask_daemon(request)
+            if result is not None:
+                if result.refused:
+                    raise QueryRefusedError(result.error)
+                if result.error:
+                    raise QueryError(result.error)
+                return result
+        if self._con is None:
+            if not self.path.exists():
+                raise DaemonUnavailableError(
+                    f"no daemon answered at {self.nats_url} and {self.path} does not exist; start one with "
+                    "`vigil up` or point --data-dir at a data directory"
+                )
+            self._con = open_read_only(str(self.path))
+            self.where = str(self.path)
+        return run_query(self._con, sql, limit, self.timeout, max_bytes=self.max_bytes or DEFAULT_MAX_BYTES)
+
+    def _ask_daemon(self, request: QueryRequest) -> QueryResult | None:
+        """The daemon's answer; ``None`` when none answers the first query."""
+        first = self._nc is None
+        if first:
+            self._nc = self._runner.run(_connect(self.nats_url))
+            if self._nc is None:
+                return None
+        assert self._nc is not None
+        result = self._runner.run(_ask(self._nc, self.nats_url, request, self.timeout))
+        if result is None and first:
+            self._runner.run(self._nc.close())
+            self._nc = None
+        elif result is None:
+            raise DaemonUnavailableError(
+                f"the daemon at {self.nats_url} stopped answering; start it again (`vigil up`) and retry"
+            )
+        else:
+            self.where = f"daemon at {self.nats_url}"
+        return result
 
 
 def query(
@@ -56,34 +168,11 @@ def query(
     timeout: float = 60.0,
     max_bytes: int | None = None,
 ) -> tuple[QueryResult, str]:
-    """Run a read-only query; returns the result and where it was answered.
+    """Run one read-only query (see :class:`QuerySource`); returns the result and where it was answered.
 
     Args:
         limit, max_bytes: rows and bytes the answer holds at most (the daemon may lower them).
         timeout: seconds to wait for the daemon's answer; reading the file, the query's timeout.
-
-    Raises:
-        QueryRefusedError: not a read-only query, or ``limit``/``max_bytes`` below 1 (checked
-            before anything is sent).
-        QueryError: the query failed.
-        DaemonUnavailableError: no daemon answered and there is no database file.
     """
-    request = validate(QueryRequest(sql=sql, limit=limit, max_bytes=max_bytes))
-    result = asyncio.run(ask_daemon(nats_url, request, timeout))
-    if result is not None:
-        if result.refused:
-            raise QueryRefusedError(result.error)
-        if result.error:
-            raise QueryError(result.error)
-        return result, f"daemon at {nats_url}"
-    path = Path(data_dir) / "vigil.duckdb"
-    if not path.exists():
-        raise DaemonUnavailableError(
-            f"no daemon answered at {nats_url} and {path} does not exist; start one with `vigil up` "
-            "or point --data-dir at a data directory"
-        )
-    con = open_read_only(str(path))
-    try:
-        return run_query(con, sql, limit, timeout, max_bytes=max_bytes or DEFAULT_MAX_BYTES), str(path)
-    finally:
-        con.close()
+    with QuerySource(nats_url=nats_url, data_dir=data_dir, timeout=timeout, max_bytes=max_bytes) as source:
+        return source.ask(sql, limit), source.where

@@ -19,12 +19,15 @@ from trainvigil.daemon.detectors._base import Detector, DetectorSettings, Episod
 from trainvigil.daemon.detectors._isolation import DetectorFailures, select_runs
 from trainvigil.daemon.detectors._runner import Detectors, run_all
 from trainvigil.daemon.detectors.ckpt_mismatch import CkptMismatch
+from trainvigil.daemon.detectors.generalisation import Generalisation
 from trainvigil.daemon.detectors.gil_contention import GilContention
 from trainvigil.daemon.detectors.grad_spike import GradSpike
+from trainvigil.daemon.detectors.hang import Hang
 from trainvigil.daemon.detectors.kl_explode import KlExplode
 from trainvigil.daemon.detectors.loss_spike import LossSpike
 from trainvigil.daemon.detectors.non_finite import NonFinite
 from trainvigil.daemon.detectors.reward_hack import RewardHack
+from trainvigil.daemon.detectors.run_failed import RunFailed
 from trainvigil.daemon.detectors.slowdown import Slowdown
 from trainvigil.daemon.detectors.stall import Stall
 from trainvigil.daemon.detectors.straggler import Straggler
@@ -55,6 +58,9 @@ REGISTRY: list[type[Any]] = [
     KlExplode,
     RewardHack,
     Stall,
+    Hang,
+    RunFailed,
+    Generalisation,
 ]
 """The detectors every daemon runs, in order."""
 

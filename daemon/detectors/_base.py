@@ -74,6 +74,7 @@ class _Episode:
     opened_step: int | None
     last_step: int | None
     finding: Finding
+    degraded: bool = False
 
 
 _NO_FINDING = Finding(None, None, None, "")
@@ -104,9 +105,13 @@ def journaled() -> Iterator[list[Anomaly]]:
 class Episodes:
     """Open episodes of one detector, keyed by stream (or any key naming the culprit)."""
 
-    def __init__(self, detector: str, cooldown: int) -> None:
+    def __init__(self, detector: str, cooldown: int, *, unrecovered: Callable[[StreamKey], str] | None = None) -> None:
         self.detector = detector
         self.cooldown = cooldown
+        self.unrecovered = unrecovered
+        """Says why ``key``'s episode may not clear yet ("" when it may): a detector whose metric
+        must be back near its level before the incident. Until then the episode stays open, and
+        says so once (state ``degraded``)."""
         self._open: dict[tuple[str, int], _Episode] = {}
 
     def is_open(self, key: StreamKey) -> bool:
@@ -199,6 +204,18 @@ class Episodes:
     def _maybe_clear(self, key: StreamKey, at: int, time: float, out: list[Anomaly]) -> None:
         episode = self._open.get(key)
         if episode is None or at - episode.last_at < self.cooldown:
+            return
+        why = self.unrecovered(key) if self.unrecovered is not None else ""
+        if why:
+            if not episode.degraded:
+                episode.degraded = True
+                last = episode.finding
+                note = f"[not recovered: {why}] {last.message}"
+                out.append(
+                    self._anomaly(
+                        key, episode, "degraded", time, Finding(last.value, last.baseline, last.threshold, note)
+                    )
+                )
             return
         del self._open[key]
         since = f"step {episode.last_step}" if episode.last_step is not None else "the last flag"

@@ -3,21 +3,36 @@
 - transient: robust z of log loss against its rolling median/MAD above ``transient_z`` and
   loss >= ``transient_min_ratio`` x its rolling median → warn;
 - persistent: loss ≥ ``persistent_ratio`` x its rolling level for ``persistent_steps``
-  consecutive steps → page (the rolling level is the exponentiated rolling median of log
-  loss, the mean's robust stand-in; elevated values stay out of it);
-- divergence: loss ≥ ``divergence_ratio`` x the largest of the first ``early_steps`` losses → page.
+  consecutive steps → page (the rolling level is the larger of the exponentiated rolling
+  median of log loss and the window's 90th percentile, so a loss that lives on several levels,
+  as PPO's does, is judged against its upper one; elevated values stay out of it);
+- divergence: loss ≥ ``divergence_ratio`` x the largest of the first ``early_steps`` losses
+  and ≥ ``divergence_upper`` x the window's 90th percentile → page.
+
+Recovered means recovered: once ``cooldown`` steps pass without a flag, the episode clears only
+if the median of the last ``cooldown`` losses is back within ``recover_ratio`` x the level the
+loss had when the episode opened. A run that settles clearly worse stays open, says so once
+(state ``degraded``, with the level before and now), and names what the data shows: a jump in
+the logged ``lr`` that a schedule does not explain (more than ``lr_jump`` x either way since
+before the incident). (An LR x30 that the run survives at 1.7x its old loss used to read as
+recovered after 60 steps.)
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar
 
 import numpy as np
 
+from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
-from trainvigil.daemon.detectors._series import StreamKey, Values
+from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, Values, streams
 from trainvigil.schemas import Anomaly
+
+RL_METRICS = ("reward", "kl", "entropy")
+"""A stream that logs any of these is an RL run."""
 
 
 class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
@@ -33,11 +48,27 @@ class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
     persistent_steps: int = 5
     early_steps: int = 100
     divergence_ratio: float = 10.0
+    divergence_upper: float = 3.0
+    """Divergence also needs the loss at >= this x the window's upper level (its p90)."""
     cooldown: int = 50
+    recover_ratio: float = 1.3
+    lr_jump: float = 3.0
 
 
 class _Stream:
-    __slots__ = ("early", "elevated", "seen", "watermark", "window")
+    __slots__ = (
+        "early",
+        "elevated",
+        "lr",
+        "pre_level",
+        "pre_lr",
+        "pre_step",
+        "recent",
+        "rl",
+        "seen",
+        "watermark",
+        "window",
+    )
 
     def __init__(self, cfg: LossSpikeSettings) -> None:
         self.window = Window(cfg.window)
@@ -45,14 +76,78 @@ class _Stream:
         self.seen = 0
         self.early = -np.inf
         self.elevated = 0
+        self.recent: deque[float] = deque(maxlen=cfg.cooldown)
+        """The latest finite losses: the level a closing episode is compared with."""
+        self.lr = float("nan")
+        """The latest logged lr."""
+        self.pre_level = float("nan")
+        self.pre_lr = float("nan")
+        self.pre_step = -1
+        """The loss level, the lr and the step when the open episode opened."""
+        self.rl = False
+        """The stream logs RL metrics (reward, kl or entropy): its loss level is no fault signal."""
 
 
 class LossSpike(MetricDetector[_Stream]):
     name: ClassVar[str] = "loss_spike"
     Settings: ClassVar[type[DetectorSettings]] = LossSpikeSettings
 
+    def __init__(self, settings: LossSpikeSettings) -> None:
+        super().__init__(settings)
+        self.episodes.unrecovered = self._unrecovered
+        self._batch_streams: dict[StreamKey, StreamSteps] = {}
+
     def new_state(self) -> _Stream:
         return _Stream(self.settings)
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        self._batch_streams = streams(batch)
+        for key, steps in self._batch_streams.items():
+            if any(name in steps.columns for name in RL_METRICS):
+                self.state(key).rl = True
+        out = super().__call__(batch)
+        # The logged lr, for the causes a degraded episode names (an episode opened in this batch
+        # read the lr before its first flag from the batch itself, see ``judge``).
+        for key, steps in streams(batch).items():
+            state = self._streams.get(key)
+            if state is None:
+                continue
+            lr = steps.metric("lr").value
+            if len(lr):
+                state.lr = float(lr[-1])
+        return out
+
+    def _lr_before(self, key: StreamKey, state: _Stream, step: int) -> float:
+        """The lr logged last before ``step``: from this batch, else from earlier ones."""
+        batch_lr = self._batch_streams.get(key)
+        if batch_lr is not None:
+            lr = batch_lr.metric("lr")
+            before = lr.value[lr.step < step]
+            if len(before):
+                return float(before[-1])
+        return state.lr
+
+    def _unrecovered(self, key: StreamKey) -> str:
+        cfg, state = self.settings, self._streams.get(key)
+        if state is None or not state.recent or not state.pre_level > 0:
+            return ""
+        now = float(np.median(state.recent))
+        if now <= cfg.recover_ratio * state.pre_level:
+            return ""
+        why = (
+            f"the loss settled at {now:.4g} (median of the last {len(state.recent)} steps), "
+            f"{now / state.pre_level:.1f}x its level {state.pre_level:.4g} when this began at step {state.pre_step}"
+        )
+        ratio = state.lr / state.pre_lr if state.pre_lr > 0 and state.lr > 0 else 1.0
+        if ratio >= cfg.lr_jump or ratio <= 1 / cfg.lr_jump:
+            why += (
+                f"; the logged lr went {state.pre_lr:.3g} -> {state.lr:.3g} ({ratio:.3g}x) since then, which no "
+                "schedule explains: restore the LR and resume from the last checkpoint before step "
+                f"{state.pre_step}"
+            )
+        else:
+            why += "; look for a data change or a restart from another checkpoint at that step"
+        return why
 
     def _early_max(self, state: _Stream, v: Values) -> np.ndarray:
         """Per value: the largest finite loss among the stream's first ``early_steps`` (so far)."""
@@ -68,6 +163,11 @@ class LossSpike(MetricDetector[_Stream]):
     def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
         cfg = self.settings
         logged = safe_log(v.value)
+        # The window's upper level (its 90th percentile) before this batch: a loss that lives on
+        # several levels (PPO: ~0.5 on most updates, ~60-120 when episodes end) is not elevated
+        # by visiting its upper level; a unimodal loss's p90 is within ~15% of its median.
+        held = state.window.values
+        upper = float(np.exp(np.quantile(held, 0.9))) if state.window.count >= cfg.warmup else np.nan
         scored = robust_z(
             state.window,
             logged,
@@ -79,13 +179,31 @@ class LossSpike(MetricDetector[_Stream]):
         early = self._early_max(state, v)
         with np.errstate(invalid="ignore"):
             level = np.exp(scored.median)
-            elevated = v.value >= cfg.persistent_ratio * level
+            high = np.fmax(level, upper)
+            elevated = v.value >= cfg.persistent_ratio * high
             run = consecutive(elevated, state.elevated)
             state.elevated = int(run[-1])
-            persistent = run >= cfg.persistent_steps
-            diverged = (v.value >= cfg.divergence_ratio * early) & (state.seen > cfg.early_steps)
+            # In RL the loss level follows the return (the value loss scales with it), so a level
+            # shift is not a fault there: RL runs get the transient rule only (kl_explode,
+            # reward_hack and non_finite judge the rest).
+            persistent = (run >= cfg.persistent_steps) & (not state.rl)
+            # Divergence: far above the early losses and clear of the recent upper level too (an RL
+            # value loss grows with the return: 12x its early largest on a healthy PPO run).
+            diverged = (
+                (v.value >= cfg.divergence_ratio * early)
+                & ~(v.value < cfg.divergence_upper * upper)
+                & (state.seen > cfg.early_steps)
+                & (not state.rl)
+            )
             transient = (scored.z > cfg.transient_z) & (v.value >= cfg.transient_min_ratio * level)
         severity = np.where(persistent | diverged, PAGE, np.where(transient, WARN, 0))
+        flagged = np.flatnonzero(severity)
+        if len(flagged) and not self.episodes.is_open(key):
+            first = int(flagged[0])  # the level before the incident: what recovery is measured against
+            state.pre_level, state.pre_step = float(level[first]), int(v.step[first])
+            state.pre_lr = self._lr_before(key, state, state.pre_step)
+        finite = v.value[np.isfinite(v.value)]
+        state.recent.extend(finite[-cfg.cooldown :].tolist())
 
         def describe(i: int) -> Finding:
             value, step = float(v.value[i]), int(v.step[i])
@@ -100,9 +218,9 @@ class LossSpike(MetricDetector[_Stream]):
             if persistent[i]:
                 return Finding(
                     value,
-                    float(level[i]),
-                    cfg.persistent_ratio * float(level[i]),
-                    f"loss has stayed >= {cfg.persistent_ratio:g}x its rolling level {level[i]:.4g} for "
+                    float(high[i]),
+                    cfg.persistent_ratio * float(high[i]),
+                    f"loss has stayed >= {cfg.persistent_ratio:g}x its rolling level {high[i]:.4g} for "
                     f"{int(run[i])} steps (step {step}): look for a data shift or an LR schedule jump; "
                     "consider rolling back to the last good checkpoint",
                 )

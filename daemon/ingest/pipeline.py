@@ -1,9 +1,11 @@
 """Ingest: fetch → order → decode → detectors → store (one transaction) → ack.
 
 Two tasks joined by a bounded memory stream: the fetcher decodes the next batch while the
-writer commits the previous one (DuckDB releases the GIL). The stream holds at most two
-batches of at most ``fetch_max_bytes`` each; when the writer is slower the fetcher waits, and
-JetStream keeps the rest.
+writer commits the previous one (DuckDB releases the GIL). The stream holds at most one
+batch of at most ``fetch_max_bytes``; when the writer is slower the fetcher waits, and
+JetStream keeps the rest. So at most three batches are in memory at once (being fetched,
+waiting, being committed): with DuckDB's ``store.memory_limit_bytes`` that is the daemon's
+memory budget under any flood (README, "Memory").
 
 The fetcher hands the writer stream sequences in order and without holes, or with the holes
 recorded as losses (see :mod:`.sequencer` for the rule and why the committed offset is then
@@ -55,6 +57,10 @@ class Fetched:
     lag: int
 
 
+def _stream_seq(msg: Msg) -> int:
+    return int(msg.metadata.sequence.stream)
+
+
 def _count(metrics: DaemonMetrics, batch: IngestBatch) -> None:
     metrics.events_ingested["steps"] += batch.step_rows
     for kind, items in (
@@ -101,9 +107,10 @@ def _loss_alert(gap: SeqGap, stream: str) -> Anomaly:
     )
 
 
-def _disk_full_alert(detail: str) -> Anomaly:
+def _store_alert(exc: StoreUnavailableError) -> Anomaly:
+    """A page named for what stops the store (``disk_full``, ``out_of_memory``, ``io_error``)."""
     return _daemon_page(
-        "disk_full", f"the daemon cannot store history and has paused ingest (nothing is lost yet): {detail}"
+        exc.cause, f"the daemon cannot store history and has paused ingest (nothing is lost yet): {exc}"
     )
 
 
@@ -133,14 +140,15 @@ class Ingest:
     async def run(self, *, drain: bool = False) -> None:
         """Run until :meth:`stop` (or, with ``drain``, until the stream is consumed)."""
         sequencer = Sequencer(self.store.last_seq + 1)
-        send, receive = anyio.create_memory_object_stream[Fetched](2)
+        send, receive = anyio.create_memory_object_stream[Fetched](1)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_loop, receive)
                 async with send:
                     while True:
                         try:
-                            await self._bind(sequencer)
+                            # The fetch loop binds the consumer itself, so a broker that goes away
+                            # before the first bind is waited out like any later outage.
                             await self._fetch_loop(sequencer, send, drain)
                             break
                         except StreamRecreatedError as exc:
@@ -212,8 +220,8 @@ class Ingest:
             batch.losses = losses
             await self._send(seq, batch, [msgs[i] for i in take], msgs[-1].metadata.num_pending, send)
         self.metrics.messages_skipped += len(stale)
-        for i in stale:
-            await msgs[i].ack()  # durability lives in the offset, so a redelivery can be acked at once
+        if stale:  # durability lives in the offset, so a redelivery can be acked at once
+            await msgs[max(stale, key=lambda i: seqs[i])].ack()
         if rewind:
             await self._rewind(seq, "gap")
 
@@ -395,9 +403,9 @@ class Ingest:
             except StoreUnavailableError as exc:
                 if not self.metrics.store_unavailable:
                     free = await anyio.to_thread.run_sync(_free_bytes, self.store)
-                    log.error("disk_full", data_dir=str(self.store.path.parent), free_bytes=free, error=str(exc))
-                    await self.alerts.publish([_disk_full_alert(str(exc))])
-                self.metrics.store_unavailable = f"disk_full: {exc}"
+                    log.error(exc.cause, data_dir=str(self.store.path.parent), free_bytes=free, error=str(exc))
+                    await self.alerts.publish([_store_alert(exc)])
+                self.metrics.store_unavailable = f"{exc.cause}: {exc}"
                 self.metrics.store_pauses += 1
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 10.0)
@@ -416,8 +424,8 @@ class Ingest:
                 batch.anomalies.extend(_loss_alert(gap, self.config.stream.name) for gap in batch.losses)
                 with anyio.CancelScope(shield=True):
                     refused = await self._commit(batch)
-                    for msg in fetched.msgs:
-                        await msg.ack()
+                    if fetched.msgs:  # ack policy "all": the newest acks the batch
+                        await max(fetched.msgs, key=_stream_seq).ack()
                 m = self.metrics
                 for letter in refused:
                     m.dead_letters[letter.reason] += 1

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import duckdb
 import msgspec
@@ -256,6 +256,12 @@ class _Guard:
         text = str(exc)
         if isinstance(exc, duckdb.PermissionException) or text.startswith("Permission Error"):
             return QueryRefusedError(f"file and network access from SQL is disabled: {text}")
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            return QueryError(
+                f"the query needs more memory than the daemon's DuckDB may use (store.memory_limit_bytes; "
+                f"the query_memory_bytes guard stops it sooner otherwise); select fewer or narrower rows, "
+                f"or aggregate in SQL: {text}"
+            )
         return QueryError(text)
 
 
@@ -282,6 +288,13 @@ def _wire_columns(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
     return relation.project(", ".join(exprs))
 
 
+class _Cut(NamedTuple):
+    """Which budget cut an answer (``rows``, ``bytes``, or empty: none did) and the note saying so."""
+
+    by: Literal["", "rows", "bytes"]
+    note: str
+
+
 def _rows_that_fit(batch: pa.RecordBatch, room: int) -> int:
     """How many leading rows of ``batch`` hold at most ``room`` bytes of Arrow data."""
     total = 0
@@ -292,14 +305,18 @@ def _rows_that_fit(batch: pa.RecordBatch, room: int) -> int:
     return batch.num_rows
 
 
-def _collect(reader: pa.RecordBatchReader, limit: int, max_bytes: int) -> tuple[list[list[Any]], str]:
-    """Rows from ``reader`` until it ends or a budget is reached; the note says which budget cut them."""
+def _collect(reader: pa.RecordBatchReader, limit: int, max_bytes: int) -> tuple[list[list[Any]], _Cut]:
+    """Rows from ``reader`` until it ends or a budget is reached, and which budget cut them, if one did."""
     rows: list[list[Any]] = []
     used = 0
-    bytes_note = (
-        "truncated at {used} bytes ({n} rows): the next row would pass the answer's budget of "
-        f"{max_bytes} bytes (query_max_bytes); select fewer or narrower columns, or add LIMIT"
-    )
+
+    def by_bytes() -> _Cut:
+        note = (
+            f"truncated at {used} bytes ({len(rows)} rows): the next row would pass the answer's budget of "
+            f"{max_bytes} bytes (query_max_bytes); select fewer or narrower columns, or add LIMIT"
+        )
+        return _Cut("bytes", note)
+
     for batch in reader:
         room = limit - len(rows)
         cut = batch.num_rows > room
@@ -311,14 +328,14 @@ def _collect(reader: pa.RecordBatchReader, limit: int, max_bytes: int) -> tuple[
             row = [_plain(v) for v in values]
             size = len(_encoder.encode(row))
             if used + size > max_bytes:
-                return rows, bytes_note.format(used=used, n=len(rows))
+                return rows, by_bytes()
             rows.append(row)
             used += size
         if fits < batch.num_rows:
-            return rows, bytes_note.format(used=used, n=len(rows))
+            return rows, by_bytes()
         if cut:
-            return rows, f"truncated at {limit} rows (the row limit); add LIMIT or raise --limit"
-    return rows, ""
+            return rows, _Cut("rows", f"truncated at {limit} rows (the row limit); add LIMIT or raise --limit")
+    return rows, _Cut("", "")
 
 
 def run_query(
@@ -359,7 +376,7 @@ def run_query(
                 relation = con.sql(statement)
                 columns, types = relation.columns, [str(t) for t in relation.types]
                 reader = _wire_columns(relation).to_arrow_reader(_BATCH_ROWS)
-                rows, note = _collect(reader, limit, max_bytes)
+                rows, cut = _collect(reader, limit, max_bytes)
             except (duckdb.Error, OSError, pa.ArrowException) as exc:
                 raise guard.failure(exc) from None
             finally:
@@ -370,7 +387,9 @@ def run_query(
         # Always: whatever the statement did is undone. After an interrupt DuckDB may have ended it already.
         with contextlib.suppress(duckdb.TransactionException):
             con.execute("ROLLBACK")
-    return QueryResult(columns=columns, types=types, rows=rows, truncated=bool(note), note=note)
+    return QueryResult(
+        columns=columns, types=types, rows=rows, truncated=bool(cut.by), truncated_by=cut.by, note=cut.note
+    )
 
 
 def answer(

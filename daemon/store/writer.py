@@ -84,6 +84,14 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
+def _cause(exc: BaseException) -> str:
+    """What keeps the store from writing, for the page and ``/healthz``."""
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return "out_of_memory"
+    text = str(exc)
+    return "disk_full" if "No space left" in text or "Could not write" in text else "io_error"
+
+
 def _ts(seconds: float | None) -> datetime | None:
     """Unix seconds as an aware UTC datetime (DuckDB TIMESTAMPTZ: the instant, whatever the session's zone)."""
     return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC)
@@ -93,21 +101,40 @@ def _json(value: Any) -> str:
     return msgspec.json.encode(value, enc_hook=repr).decode()
 
 
-def _masked(values: np.ndarray, mask: np.ndarray | None) -> pa.Array:
-    return pa.array(values, type=pa.float64(), mask=None if mask is None else ~mask)
+def _known_column(parts: list[StepColumns], metric: str, n: int) -> pa.Array:
+    """One known metric over every part: NULL where a part lacks it or a row's mask says absent."""
+    if not any(metric in part.known for part in parts):
+        return pa.nulls(n, pa.float64())
+    values = np.empty(n, np.float64)
+    present = np.ones(n, np.bool_)
+    at = 0
+    for part in parts:
+        end = at + len(part)
+        if metric in part.known:
+            vals, mask = part.known[metric]
+            values[at:end] = vals
+            if mask is not None:
+                present[at:end] = mask
+        else:
+            values[at:end] = 0.0
+            present[at:end] = False
+        at = end
+    return pa.array(values, type=pa.float64(), mask=None if present.all() else ~present)
 
 
-def _extra_column(part: StepColumns) -> pa.Array:
-    """Custom metrics of one message as a MAP column, built with NumPy (no loop per row)."""
-    n = len(part)
-    if not part.custom:
-        return pa.nulls(n, _EXTRA_TYPE)
+def _extra_column(parts: list[StepColumns], n: int) -> pa.Array:
+    """Custom metrics of every part as one MAP column, built with NumPy (no loop per row)."""
     rows, keys, values = [], [], []
-    for name, (vals, mask) in part.custom.items():
-        where = np.arange(n) if mask is None else np.flatnonzero(mask)
-        rows.append(where)
-        keys.append(np.full(len(where), name, dtype=object))
-        values.append(vals[where])
+    at = 0
+    for part in parts:
+        for name, (vals, mask) in part.custom.items():
+            where = np.arange(len(part)) if mask is None else np.flatnonzero(mask)
+            rows.append(where + at)
+            keys.append(np.full(len(where), name, dtype=object))
+            values.append(vals[where])
+        at += len(part)
+    if not rows:
+        return pa.nulls(n, _EXTRA_TYPE)
     row = np.concatenate(rows)
     order = np.argsort(row, kind="stable")
     counts = np.bincount(row, minlength=n)
@@ -136,30 +163,28 @@ _RUNS_SCHEMA = pa.schema(
 
 
 def steps_table(parts: list[StepColumns]) -> pa.Table:
-    """The ``steps`` rows of a batch as one Arrow table."""
-    columns: dict[str, list[pa.Array]] = {name: [] for name in _STEP_FIELDS}
-    for part in parts:
-        n = len(part)
-        # A typed dictionary: a plain list would make pyarrow infer its type on every message.
-        run_id = pa.array([part.source.run_id], pa.string())
-        columns["run_id"].append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), run_id))
-        columns["rank"].append(pa.array(np.full(n, part.source.rank, dtype=np.int32)))
-        columns["step"].append(pa.array(part.step))
-        columns["time"].append(pa.array((part.times * 1e6).astype("int64"), type=pa.timestamp("us", tz="UTC")))
-        for metric in KNOWN_METRICS:
-            if metric in part.known:
-                columns[metric].append(_masked(*part.known[metric]))
-            else:
-                columns[metric].append(pa.nulls(n, pa.float64()))
-        columns["extra"].append(_extra_column(part))
-    arrays = []
-    for name in _STEP_FIELDS:
-        chunks = columns[name]
-        if name == "run_id":
-            chunks = [c.cast(pa.string()) for c in chunks]
-        arrays.append(pa.chunked_array(chunks))
-    # One chunk per column: DuckDB inserts a 256-message batch ~10x faster than one chunk per message.
-    return pa.Table.from_arrays(arrays, names=_STEP_FIELDS).combine_chunks()
+    """The ``steps`` rows of a batch as one Arrow table, one array per column.
+
+    Built with NumPy over the whole batch (a handful of pyarrow calls per batch, not per
+    message): a fleet of thousands of ranks sends many small messages.
+    """
+    lengths = np.fromiter((len(part) for part in parts), np.int64, len(parts))
+    n = int(lengths.sum())
+    names: dict[str, int] = {}
+    run_index = np.fromiter((names.setdefault(p.source.run_id, len(names)) for p in parts), np.int32, len(parts))
+    run_id = pa.DictionaryArray.from_arrays(np.repeat(run_index, lengths), pa.array(list(names), pa.string()))
+    ranks = np.fromiter((p.source.rank for p in parts), np.int32, len(parts))
+    times = np.concatenate([p.times for p in parts]) if parts else np.empty(0)
+    columns: dict[str, pa.Array] = {
+        "run_id": run_id.dictionary_decode(),
+        "rank": pa.array(np.repeat(ranks, lengths)),
+        "step": pa.array(np.concatenate([p.step for p in parts]) if parts else np.empty(0, np.int64)),
+        "time": pa.array((times * 1e6).astype("int64"), type=pa.timestamp("us", tz="UTC")),
+        "extra": _extra_column(parts, n),
+    }
+    for metric in KNOWN_METRICS:
+        columns[metric] = _known_column(parts, metric, n)
+    return pa.Table.from_arrays([columns[name] for name in _STEP_FIELDS], names=_STEP_FIELDS)
 
 
 def _create(path: Path) -> None:
@@ -224,7 +249,13 @@ class Store:
     """The daemon's DuckDB database. Only the ingest stage writes; queries use cursors."""
 
     def __init__(
-        self, path: Path, consumer: str = "vigil-daemon", stream: str = "VIGIL", *, min_free_bytes: int = 0
+        self,
+        path: Path,
+        consumer: str = "vigil-daemon",
+        stream: str = "VIGIL",
+        *,
+        min_free_bytes: int = 0,
+        memory_limit_bytes: int = 0,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -233,6 +264,13 @@ class Store:
         self.min_free_bytes = min_free_bytes
         """Below this much free space on the data directory's disk, writes pause (queries and
         DuckDB's own checkpoint still need room)."""
+        # No file or network access from SQL, and nobody can turn it back on (the configuration
+        # is locked once open). Background allocator threads hand memory of interrupted queries
+        # back to the system at once. ``memory_limit`` bounds DuckDB as a whole: queries spill
+        # or fail past it, and a write that finds no memory waits (never dead-lettered).
+        self._config: dict[str, str | bool] = {"enable_external_access": False, "allocator_background_threads": True}
+        if memory_limit_bytes:
+            self._config["memory_limit"] = f"{memory_limit_bytes}B"
         self._lock = threading.Lock()
         self._invalidated = False
         self._open()
@@ -240,11 +278,9 @@ class Store:
     def _open(self) -> None:
         if not self.path.exists():
             _create(self.path)
-        # No file or network access from SQL, and nobody can turn it back on. Background
-        # allocator threads hand memory of interrupted queries back to the system at once.
         con = duckdb.connect(
             str(self.path),
-            config={"enable_external_access": False, "allocator_background_threads": True},
+            config=self._config,
         )
         # Times shown as text (``vigil sql`` answers, casts, date_trunc) do not depend on the host's
         # zone. Set before the lock: the time-zone extension is not loaded yet when ``config`` applies.
@@ -368,6 +404,7 @@ class Store:
                 raise StoreUnavailableError(
                     str(self.path),
                     f"{free} bytes free, below the floor of {self.min_free_bytes} (store.min_free_bytes)",
+                    "disk_full",
                 )
         if self._invalidated:
             try:
@@ -384,7 +421,7 @@ class Store:
         if "invalidated" in text or isinstance(exc, duckdb.FatalException):
             self._invalidated = True
         if self._invalidated or isinstance(exc, _UNAVAILABLE) or "No space left" in text or "Could not write" in text:
-            raise StoreUnavailableError(str(self.path), _describe(exc)) from exc
+            raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
 
     def _apply(self, batch: IngestBatch) -> None:
         tops = self._append_only(batch)
@@ -466,7 +503,7 @@ class Store:
                     _ts(r.time),
                     "run_end",
                     r.last_step,
-                    _json({"status": r.status, "dropped": r.dropped}),
+                    _json({"status": r.status, "dropped": r.dropped, **({"error": r.error} if r.error else {})}),
                 )
                 for s, r in b.run_ends
             ],

@@ -45,15 +45,21 @@ class QueryError(VigilError):
 
 
 class StoreUnavailableError(VigilError):
-    """The daemon's database cannot write (disk full, I/O error); the batch was not committed."""
+    """The daemon's database cannot write (disk full, out of memory, I/O error); the batch was
+    not committed. ``cause`` is ``disk_full``, ``out_of_memory`` or ``io_error``."""
 
-    def __init__(self, path: str, detail: str) -> None:
-        super().__init__(
-            f"cannot write to {path}: {detail}; free disk space (or fix the data directory) "
-            "and the daemon resumes by itself"
-        )
+    _ADVICE = {
+        "disk_full": "free disk space (or fix the data directory)",
+        "out_of_memory": "a query or the store needs more than store.memory_limit_bytes; it frees by itself",
+        "io_error": "fix the data directory",
+    }
+
+    def __init__(self, path: str, detail: str, cause: str = "io_error") -> None:
+        advice = self._ADVICE.get(cause, self._ADVICE["io_error"])
+        super().__init__(f"cannot write to {path}: {detail}; {advice}, and the daemon resumes by itself")
         self.path = path
         self.detail = detail
+        self.cause = cause
 
 
 class DaemonUnavailableError(VigilError):

@@ -1,0 +1,164 @@
+"""The worker's edge to the broker: a small protocol, and its NATS JetStream implementation.
+
+The worker only needs to know whether the broker is there and to publish a round of messages,
+learning how many from the front were acknowledged; tests drive it with a hand-written fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import nats
+from nats.aio.client import Client as NATS
+
+from trainvigil.schemas.settings import retrying
+
+from .options import AgentOptions, nats_servers
+from .outbox import OutMsg
+from .push import FileResult, publish_round, upload
+
+log = logging.getLogger("trainvigil.agent")
+
+
+class Publisher(Protocol):
+    """Where the worker's messages go."""
+
+    @property
+    def connected(self) -> bool:
+        """The broker is there now."""
+        ...
+
+    @property
+    def ever_connected(self) -> bool:
+        """The broker was there at some point."""
+        ...
+
+    @property
+    def unreachable(self) -> bool:
+        """No broker answered yet and the first attempt failed (``close()`` does not wait for one)."""
+        ...
+
+    async def run(self, changed: Callable[[], None]) -> None:
+        """Connect, and keep the connection until cancelled; call ``changed()`` whenever
+        :attr:`connected` or :attr:`unreachable` changes."""
+        ...
+
+    async def publish(self, msgs: Sequence[OutMsg], timeout: float) -> tuple[int, BaseException | None]:
+        """Publish ``msgs`` in order; how many from the front were acknowledged, and the first error."""
+        ...
+
+    async def deliver_file(self, path: Path, only_for: str) -> FileResult:
+        """Deliver the sealed spill file at ``path`` if it is meant for broker ``only_for`` (see :mod:`.push`)."""
+        ...
+
+
+class NatsPublisher:
+    """JetStream through nats-py; nats-py reconnects a lost connection, the retry policy covers the first."""
+
+    def __init__(
+        self, options: AgentOptions, name: str, pace: Callable[[], None], noticed: Callable[[str], None]
+    ) -> None:
+        self.options = options
+        self.name = name
+        self._pace = pace
+        self._noticed = noticed
+        self._js: Any = None
+        self._connected = False
+        self._ever_connected = False
+        self._failed_once = False
+
+    @property
+    def connected(self) -> bool:
+        return self._connected and self._js is not None
+
+    @property
+    def ever_connected(self) -> bool:
+        return self._ever_connected
+
+    @property
+    def unreachable(self) -> bool:
+        return self._failed_once and not self._ever_connected
+
+    async def run(self, changed: Callable[[], None]) -> None:
+        def set_connected(value: bool) -> None:
+            self._connected = value
+            changed()
+
+        async def on_disconnect() -> None:
+            set_connected(False)
+
+        async def on_reconnect() -> None:
+            set_connected(True)
+
+        async def on_error(exc: Exception) -> None:
+            self._noticed(repr(exc))
+            if not self._ever_connected:  # nats-py retries the first connect itself, reporting each failure here
+                self._first_failure(exc)
+                changed()
+
+        opts = self.options
+        async for attempt in retrying(
+            Exception, attempts=None, wait_initial=opts.retry_wait_initial, wait_max=opts.retry_wait_max
+        ):
+            with attempt:
+                try:
+                    nc: NATS = await nats.connect(
+                        nats_servers(opts.nats_url),
+                        name=self.name,
+                        connect_timeout=1,
+                        reconnect_time_wait=0.25,
+                        max_reconnect_attempts=-1,
+                        allow_reconnect=True,
+                        disconnected_cb=on_disconnect,
+                        reconnected_cb=on_reconnect,
+                        error_cb=on_error,
+                        pending_size=16 * 2**20,
+                    )
+                except Exception as exc:
+                    self._noticed(repr(exc))
+                    self._first_failure(exc)
+                    changed()
+                    raise
+        try:
+            self._js = nc.jetstream(publish_async_max_pending=opts.max_inflight * 2)
+            self._ever_connected = True
+            set_connected(True)
+            await asyncio.Future()  # hold the connection until cancelled
+        finally:
+            self._js = None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), timeout=1.0)
+
+    async def publish(self, msgs: Sequence[OutMsg], timeout: float) -> tuple[int, BaseException | None]:
+        if self._js is None:
+            return 0, ConnectionError("not connected")
+        return await publish_round(self._js, msgs, timeout, self._pace)
+
+    async def deliver_file(self, path: Path, only_for: str) -> FileResult:
+        if self._js is None:
+            return FileResult(path, error="not connected")
+        opts = self.options
+        return await upload(
+            self._js, path, max_inflight=opts.max_inflight, ack_timeout=opts.ack_timeout, only_for=only_for
+        )
+
+    def _first_failure(self, exc: BaseException) -> None:
+        """Say once, at the first failed connect, that data is kept and where."""
+        if self._failed_once:
+            return
+        self._failed_once = True
+        where = self.options.spill_dir
+        log.warning(
+            "trainvigil: no broker answers at %s (%s: %s); metrics are kept locally (in memory, then under %s) and "
+            "sent once it answers; what is left at exit stays in %s for the next run or `vigil push`",
+            self.options.nats_url,
+            type(exc).__name__,
+            exc,
+            where,
+            where,
+        )

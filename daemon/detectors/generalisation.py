@@ -1,0 +1,204 @@
+"""``generalisation``: the validation loss rises while the training loss falls.
+
+A model that memorises (the same batch repeated, leaked or duplicated data, a loader stuck on
+one shard) or trains past its best point keeps lowering its training loss while its
+validation loss climbs. No step-level detector sees it: every training step looks healthy.
+This one compares the two curves at each evaluation.
+
+Inputs: a validation metric logged at evaluation steps (``val_loss`` by default, or any of
+``metrics``, or the name a run declares as ``trainvigil.init(config={"val_metric": ...})``),
+also accepted as a field of an ``eval`` event; and the training ``loss``, summarised per
+evaluation interval by its median (robust to single spikes).
+
+At each evaluation, with ``best`` the lowest validation value so far:
+
+* **page** (sudden): the validation value rose from the previous evaluation to at least
+  ``page_ratio`` x ``best`` while the training median did not rise, or rose to
+  ``warn_ratio`` x ``best`` while the training median collapsed (fell ``collapse`` x or
+  more in one interval): memorisation, seen at the first evaluation after it starts;
+* **page** (gradual): ``rises`` consecutive rises ending ``page_drift`` x above ``best``
+  while the training median kept falling: overfitting, well under way;
+* **warn**: ``rises`` consecutive rises ending ``warn_ratio`` x above ``best`` while the
+  training median kept falling: overfitting begins; stop at the best checkpoint.
+
+Nothing is judged before ``min_evals`` evaluations (early evaluations are noisy and the first
+ones set ``best``). The episode clears once the validation value is back within
+``warn_ratio`` of ``best``. Rises smaller than ``tolerance`` (relative) are noise, not rises.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import ClassVar
+
+import numpy as np
+
+from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors._base import NONE, PAGE, WARN, DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._series import StreamKey, streams
+from trainvigil.schemas import Anomaly
+
+_TRAIN_WINDOW = 1024
+"""Training-loss values kept per evaluation interval (the median's sample)."""
+
+
+class GeneralisationSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
+    metrics: tuple[str, ...] = ("val_loss", "eval_loss", "validation_loss", "valid_loss")
+    train_metric: str = "loss"
+    min_evals: int = 3
+    tolerance: float = 0.01
+    rises: int = 3
+    warn_ratio: float = 1.10
+    page_drift: float = 1.25
+    page_ratio: float = 1.50
+    collapse: float = 5.0
+
+
+class _Stream:
+    __slots__ = ("best", "best_step", "evals", "judged", "last_eval", "train", "train_meds")
+
+    def __init__(self) -> None:
+        self.evals: deque[tuple[int, float]] = deque(maxlen=16)
+        self.train_meds: deque[float] = deque(maxlen=16)
+        """Median training loss of each evaluation interval, aligned with ``evals``."""
+        self.train: deque[float] = deque(maxlen=_TRAIN_WINDOW)
+        self.best = float("inf")
+        self.best_step = -1
+        self.last_eval = -1
+        self.judged = 0
+        """Evaluations judged: the episodes' positions (an episode lives across evaluations)."""
+
+
+class Generalisation(StreamDetector[_Stream]):
+    name: ClassVar[str] = "generalisation"
+    Settings: ClassVar[type[DetectorSettings]] = GeneralisationSettings
+
+    def __init__(self, settings: GeneralisationSettings) -> None:
+        super().__init__(settings, cooldown=1)
+        self._declared: dict[str, str] = {}
+        """run → the validation metric its ``run_start`` config declared."""
+
+    def new_state(self) -> _Stream:
+        return _Stream()
+
+    def forget_run(self, run_id: str) -> None:
+        self._declared.pop(run_id, None)
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        s = self.settings
+        for source, start in batch.run_starts:
+            declared = start.config.get("val_metric") if isinstance(start.config, dict) else None
+            if isinstance(declared, str) and declared:
+                self._declared[source.run_id] = declared
+        evals: dict[StreamKey, list[tuple[int, float, float]]] = {}
+        for key, st in streams(batch).items():
+            state = self.state(key)
+            names = (self._declared.get(key[0], ""), *s.metrics)
+            train = st.metric(s.train_metric)
+            for name in filter(None, names):
+                v = st.metric(name)
+                if len(v) and np.isfinite(v.value).any():
+                    finite = np.isfinite(v.value)  # a NaN validation value is non_finite's, not an evaluation
+                    v = type(v)(v.step[finite], v.value[finite], v.time[finite])
+                    break
+            else:
+                state.train.extend(train.value[np.isfinite(train.value)].tolist())
+                continue
+            # Training values before each evaluation belong to that evaluation's interval.
+            at = 0
+            for step, value, time in zip(v.step.tolist(), v.value.tolist(), v.time.tolist(), strict=True):
+                cut = int(np.searchsorted(train.step, step, side="right"))
+                state.train.extend(train.value[at:cut][np.isfinite(train.value[at:cut])].tolist())
+                at = cut
+                evals.setdefault(key, []).append((step, value, time))
+                self._note_eval(state, step)
+            state.train.extend(train.value[at:][np.isfinite(train.value[at:])].tolist())
+        for source, event in batch.events:
+            if event.kind != "eval" or event.step is None:
+                continue
+            key = (source.run_id, source.rank)
+            names = (self._declared.get(key[0], ""), *s.metrics)
+            value = next(
+                (event.fields.get(n) for n in names if n and isinstance(event.fields.get(n), int | float)), None
+            )
+            if value is not None and not any(step == event.step for step, _, _ in evals.get(key, [])):
+                self._note_eval(self.state(key), event.step)
+                evals.setdefault(key, []).append((event.step, float(value), event.time))
+        out: list[Anomaly] = []
+        for key, found in evals.items():
+            state = self.state(key)
+            for step, value, time in sorted(found):
+                if step <= state.last_eval or not np.isfinite(value):
+                    continue
+                out.extend(self._judge(key, state, step, value, time))
+        return out
+
+    @staticmethod
+    def _note_eval(state: _Stream, step: int) -> None:
+        """Close the training interval that ends at this evaluation (once per evaluation step)."""
+        if step > state.last_eval and (not state.evals or state.evals[-1][0] != step):
+            state.train_meds.append(float(np.median(state.train)) if state.train else float("nan"))
+            state.train.clear()
+
+    def _judge(self, key: StreamKey, state: _Stream, step: int, value: float, time: float) -> list[Anomaly]:
+        s = self.settings
+        state.last_eval = step
+        state.evals.append((step, value))
+        state.judged += 1
+        severity, why = self._severity(state, value)
+        out: list[Anomaly] = []
+        if severity != NONE:
+            finding = Finding(value, state.best, state.best * s.warn_ratio, self._message(state, step, value, why))
+            out.extend(self.episodes.flag(key, state.judged, severity, time, finding, step=step))
+        elif value <= state.best * s.warn_ratio:
+            out.extend(self.episodes.quiet(key, state.judged, time))
+        if value < state.best:
+            state.best, state.best_step = value, step
+        return out
+
+    def _severity(self, state: _Stream, value: float) -> tuple[int, str]:
+        s = self.settings
+        evals, meds = list(state.evals), list(state.train_meds)
+        if len(evals) <= s.min_evals or len(meds) < 2 or not np.isfinite(state.best) or state.best <= 0:
+            return NONE, ""
+        previous = evals[-2][1]
+        med, med_before = meds[-1], meds[-2]
+        if not (np.isfinite(med) and np.isfinite(med_before)):
+            return NONE, ""
+        ratio = value / state.best
+        rose = value > previous * (1 + s.tolerance)
+        train_not_rising = med <= med_before * (1 + s.tolerance)
+        collapsed = med > 0 and med_before > 0 and med_before / med >= s.collapse
+        if rose and train_not_rising and ratio >= s.page_ratio:
+            return PAGE, "sudden"
+        if rose and collapsed and ratio >= s.warn_ratio:
+            return PAGE, "collapse"
+        rises = 0
+        for (_, a), (_, b) in zip(evals[-s.rises - 1 : -1], evals[-s.rises :], strict=True):
+            rises += b > a * (1 + s.tolerance)
+        falling = len(meds) > s.rises and meds[-1] <= meds[-s.rises - 1]
+        if rises >= s.rises and falling:
+            if ratio >= s.page_drift:
+                return PAGE, "drift"
+            if ratio >= s.warn_ratio:
+                return WARN, "drift"
+        return NONE, ""
+
+    def _message(self, state: _Stream, step: int, value: float, why: str) -> str:
+        meds = list(state.train_meds)
+        previous = state.evals[-2][1]
+        train = f"the training loss (median per evaluation interval) went {meds[-2]:.4g} -> {meds[-1]:.4g}"
+        head = (
+            f"validation loss {previous:.4g} -> {value:.4g} at step {step}, {value / state.best:.2f}x its best "
+            f"{state.best:.4g} (step {state.best_step}), while {train}"
+        )
+        if why == "collapse" or (why == "sudden" and meds[-1] > 0 and meds[-2] / meds[-1] >= self.settings.collapse):
+            advice = (
+                "the model is memorising: the same batch repeated, duplicated or leaked data, a loader stuck on "
+                "one shard; check the data pipeline since the last evaluation"
+            )
+        elif why == "sudden":
+            advice = "the model stopped generalising at once: check the data the last interval trained on"
+        else:
+            advice = "it is overfitting: more data or regularisation, or stop and keep the best checkpoint"
+        return f"{head}: {advice} (best checkpoint: step {state.best_step})"

@@ -1,0 +1,100 @@
+"""Settings shared by the agent and the daemon: ``VIGIL_*`` names derived from Struct fields, and one retry policy.
+
+Both sides describe their settings as frozen msgspec Structs with ``Meta`` constraints. Every
+field has an environment name: ``VIGIL_`` + its key path upper-cased and joined with ``_``
+(``stream.max_age_s`` → ``VIGIL_STREAM_MAX_AGE_S``); :func:`from_env` reads those, and
+:func:`convert` checks the merged values against the Struct, turning environment strings into
+numbers, booleans and paths.
+
+Not wire types: this module sits in ``schemas`` because it is the one place both the agent and
+the daemon may import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import stamina
+
+ENV_PREFIX = "VIGIL_"
+
+KeyPath = tuple[str, ...]
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def env_name(path: KeyPath) -> str:
+    """The environment variable of the key at ``path``: ``("stream", "max_age_s")`` → ``VIGIL_STREAM_MAX_AGE_S``."""
+    return ENV_PREFIX + "_".join(path).upper()
+
+
+def env_names(struct: type[msgspec.Struct], path: KeyPath = ()) -> dict[str, KeyPath]:
+    """``VIGIL_*`` name → the path of the key it sets, for every field of ``struct`` (nested Structs too)."""
+    names: dict[str, KeyPath] = {}
+    for field in msgspec.structs.fields(struct):
+        key = (*path, field.name)
+        if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
+            names.update(env_names(field.type, key))
+        else:
+            names[env_name(key)] = key
+    return names
+
+
+def set_path(tree: dict[str, Any], path: KeyPath, value: Any) -> None:
+    """``tree[path[0]][path[1]]... = value``, making the tables on the way."""
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def from_env(
+    struct: type[msgspec.Struct],
+    env: Mapping[str, str],
+    tree: dict[str, Any] | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """``tree`` (a new one by default) with every non-empty ``VIGIL_*`` variable of ``struct``'s keys set in it,
+    as a string; the top-level keys in ``skip`` are left alone."""
+    tree = {} if tree is None else tree
+    for name, path in env_names(struct).items():
+        if path[0] not in skip and env.get(name, "") != "":
+            set_path(tree, path, env[name])
+    return tree
+
+
+def _decode_extra(kind: type, value: Any) -> Any:
+    if kind is Path and isinstance(value, str | Path):
+        return Path(value)
+    raise NotImplementedError(f"cannot read {kind.__name__} from {type(value).__name__}")
+
+
+def convert(tree: Mapping[str, Any], struct: type[S]) -> S:
+    """``tree`` checked and converted into ``struct``; strings become numbers, booleans and paths.
+
+    Raises:
+        msgspec.ValidationError: a value has the wrong type or breaks a ``Meta`` constraint;
+            the message names the key (``at `$.stream.max_age_s```).
+    """
+    return msgspec.convert(tree, struct, strict=False, dec_hook=_decode_extra)
+
+
+def retrying(on: Any, *, attempts: int | None, wait_initial: float, wait_max: float) -> Any:
+    """trainvigil's one retry policy (``async for attempt in retrying(...): with attempt: ...``).
+
+    Exponential backoff from ``wait_initial`` seconds, doubling up to ``wait_max``, with up to
+    ``wait_initial`` of jitter so that many agents do not retry in step; ``attempts`` in all
+    (``None``: until it succeeds or the caller is cancelled; there is no overall time limit, the
+    caller's own deadline ends it). ``on``: the exceptions to retry, or stamina's predicate.
+    ``stamina.set_testing(True)`` turns the backoff off in tests.
+    """
+    return stamina.retry_context(
+        on=on,
+        attempts=attempts,
+        timeout=None,
+        wait_initial=wait_initial,
+        wait_max=wait_max,
+        wait_jitter=wait_initial,
+        wait_exp_base=2,
+    )

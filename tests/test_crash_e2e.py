@@ -1,0 +1,64 @@
+"""A process that dies of an uncaught exception is a failed run, not a healthy one (issue 12).
+
+Real processes: nats-server, ``vigil up`` and training scripts that raise; the user's own
+``sys.excepthook`` still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from support import Daemon, NatsServer, wait_for
+
+from trainvigil.daemon.cli.main import RUNS_SQL
+
+SCRIPT = """
+import sys, threading, trainvigil
+def users_hook(t, e, tb):
+    print("users hook ran:", t.__name__, flush=True)
+sys.excepthook = users_hook
+vigil = trainvigil.init(run_id=sys.argv[1])
+threading.Thread(target=lambda: 1 / 0, name="loader").start()
+for step in range(30):
+    vigil.log(step, loss=1.0)
+    if step == 20 and sys.argv[2] == "raise":
+        raise ValueError("CUDA error: an illegal memory access was encountered")
+"""
+
+
+def _run(url: str, run_id: str, mode: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VIGIL_NATS_URL": url}
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, run_id, mode], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_an_uncaught_exception_ends_the_run_as_error_pages_run_failed_and_the_users_hook_still_runs(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    daemon = Daemon(nats_server.url, tmp_path / "data")
+    daemon.start()
+    try:
+        crashed = _run(nats_server.url, "crashed", "raise")
+        assert crashed.returncode == 1
+        assert "users hook ran: ValueError" in crashed.stdout, "the user's hook is chained, not replaced"
+        clean = _run(nats_server.url, "clean", "finish")
+        assert clean.returncode == 0, clean.stderr
+        wait_for(lambda: daemon.scalar("select count(*) from runs where ended_at is not null") == 2, 60, "both ends")
+        runs = {row[0]: row for row in daemon.sql(RUNS_SQL).rows}
+        columns = daemon.sql(RUNS_SQL).columns
+        status = columns.index("status")
+        assert runs["crashed"][status] == "error" and runs["clean"][status] == "ok"
+        page = daemon.sql("select run_id, step, severity, message from anomalies where detector = 'run_failed'").rows
+        assert len(page) == 1, page
+        run_id, step, severity, message = page[0]
+        assert (run_id, step, severity) == ("crashed", 20, "page")
+        assert "ValueError: CUDA error: an illegal memory access" in message
+        # A dying thread does not end the run: it is an event, on both runs.
+        thread_events = "select count(*) from events where kind = 'thread_exception' and fields like '%ZeroDivision%'"
+        assert daemon.scalar(thread_events) == 2
+    finally:
+        daemon.kill()

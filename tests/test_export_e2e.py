@@ -1,0 +1,146 @@
+"""``vigil export`` through a real nats-server, a real daemon process and the real command line."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import Daemon, NatsServer, expected_loss, finish, run_producer, wait_for
+
+from trainvigil.daemon.cli.main import EXIT_OK, EXIT_USAGE
+from trainvigil.schemas.records import KNOWN_METRICS
+
+STEPS, RANKS = 1500, 2  # 3000 rows against a row limit of 1000: at least three pages, split across ranks
+STEP_COLUMNS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]  # the order of the steps table
+
+
+def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def _fill(daemon: Daemon, url: str) -> None:
+    producers = [run_producer(url, "ex", rank, STEPS) for rank in range(RANKS)] + [run_producer(url, "other", 0, 50)]
+    for proc in producers:
+        finish(proc)
+    wait_for(lambda: daemon.scalar("select count(*) from steps") == STEPS * RANKS + 50, 60, "every step stored")
+
+
+@pytest.fixture
+def small_daemon(nats_server: NatsServer, tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon whose answers hold 1000 rows at most, holding run ``ex`` (3000 steps) and ``other``."""
+    d = Daemon(nats_server.url, tmp_path / "data", env={"VIGIL_QUERY_ROW_LIMIT": "1000"})
+    d.start()
+    _fill(d, nats_server.url)
+    yield d
+    if d.process is not None and d.process.poll() is None:
+        d.kill()
+
+
+def _check_steps(rows: list[dict[str, object]]) -> None:
+    """Every step of run ``ex`` once, in (rank, step) order, with the producer's exact values."""
+    assert [(r["rank"], r["step"]) for r in rows] == [(k, s) for k in range(RANKS) for s in range(STEPS)]
+    assert {r["run_id"] for r in rows} == {"ex"}
+    assert all(r["loss"] == expected_loss(int(str(r["rank"])), int(str(r["step"]))) for r in rows)
+
+
+def test_csv_export_holds_every_row_of_the_run_past_the_row_limit(
+    small_daemon: Daemon, nats_server: NatsServer
+) -> None:
+    done = _vigil("export", "ex", "--nats", nats_server.url)
+    assert done.returncode == EXIT_OK, done.stderr
+    table = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert list(table[0]) == STEP_COLUMNS  # the table's columns, not the paging key
+    _check_steps([{**r, "rank": int(r["rank"]), "step": int(r["step"]), "loss": float(r["loss"])} for r in table])
+    assert done.stderr.strip().endswith(f"exported {STEPS * RANKS} rows of run ex (steps) to stdout"), done.stderr
+
+
+def test_parquet_export_keeps_duckdbs_types(small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path) -> None:
+    target = tmp_path / "ex.parquet"
+    done = _vigil("export", "ex", "--format", "parquet", "-o", str(target), "--nats", nats_server.url)
+    assert done.returncode == EXIT_OK, done.stderr
+    table = pq.read_table(target)
+    assert table.column_names == STEP_COLUMNS
+    assert table.schema.field("rank").type == pa.int32() and table.schema.field("step").type == pa.int64()
+    assert table.schema.field("time").type == pa.timestamp("us", tz="Etc/UTC")
+    assert table.schema.field("extra").type == pa.map_(pa.string(), pa.float64())
+    rows = table.to_pylist()
+    _check_steps(rows)
+    assert dict(rows[7]["extra"]) == {"my_custom": 3.5}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ex.parquet")) == [], "no temp file left"
+
+
+def test_pages_cut_by_the_byte_budget_are_continued(nats_server: NatsServer, tmp_path: Path) -> None:
+    d = Daemon(nats_server.url, tmp_path / "bytes", env={"VIGIL_QUERY_MAX_BYTES": "20000"})
+    d.start()
+    try:
+        _fill(d, nats_server.url)
+        done = _vigil("export", "ex", "--format", "csv", "--nats", nats_server.url)
+    finally:
+        d.kill()
+    assert done.returncode == EXIT_OK, done.stderr
+    table = list(csv.DictReader(io.StringIO(done.stdout)))
+    _check_steps([{**r, "rank": int(r["rank"]), "step": int(r["step"]), "loss": float(r["loss"])} for r in table])
+
+
+def test_other_tables_export_by_their_own_key(small_daemon: Daemon, nats_server: NatsServer) -> None:
+    done = _vigil("export", "ex", "--table", "events", "--nats", nats_server.url)
+    assert done.returncode == EXIT_OK, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert sorted((r["rank"], r["kind"]) for r in rows) == [
+        ("0", "run_end"), ("0", "run_start"), ("1", "run_end"), ("1", "run_start"),
+    ]  # fmt: skip
+    assert list(rows[0]) == ["run_id", "rank", "time", "kind", "step", "fields"]
+
+
+def test_an_unknown_run_is_a_clear_error_and_leaves_the_file_alone(
+    small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    target = tmp_path / "keep.csv"
+    target.write_text("old contents\n")
+    done = _vigil("export", "no-such-run", "-o", str(target), "--nats", nats_server.url)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert done.stderr == "vigil: run 'no-such-run' is not in the history; list the runs with `vigil runs`\n"
+    assert target.read_text() == "old contents\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keep.csv")] == [], "no temp file left"
+
+
+def test_o_replaces_the_file_whole(small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path) -> None:
+    target = tmp_path / "out.csv"
+    target.write_text("old contents\n")
+    done = _vigil("export", "ex", "-o", str(target), "--nats", nats_server.url)
+    assert done.returncode == EXIT_OK and done.stdout == "", done.stderr
+    assert len(target.read_text().splitlines()) == 1 + STEPS * RANKS
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_without_a_daemon_the_file_is_read(small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path) -> None:
+    assert small_daemon.terminate() == 0
+    nats_server.stop()
+    target = tmp_path / "offline.parquet"
+    done = _vigil(
+        "export", "ex", "--format", "parquet", "-o", str(target),
+        "--nats", nats_server.url, "--data-dir", str(small_daemon.data_dir),
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr
+    assert "no daemon answered" in done.stderr and "vigil.duckdb" in done.stderr
+    _check_steps(pq.read_table(target).to_pylist())
+
+
+def test_export_usage_errors_and_help(tmp_path: Path) -> None:
+    helped = _vigil("export", "--help")
+    assert helped.returncode == 0 and "usage: vigil export" in helped.stdout and "Exit 0" in helped.stdout
+    for args, says in [
+        (["--format", "parquet"], "-o FILE"),
+        (["-o", str(tmp_path / "missing" / "x.csv")], "does not exist"),
+    ]:
+        done = _vigil("export", "ex", *args, "--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path))
+        assert done.returncode == EXIT_USAGE and says in done.stderr and done.stderr.count("\n") == 1, done.stderr
