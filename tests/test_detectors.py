@@ -401,5 +401,5 @@ def test_a_spike_the_run_recovers_from_clears_as_before() -> None:
     loss = noisy(91, n=n, sigma=0.05, level=1.5)
     loss[k : k + 8] *= 20.0
     out = run_detector("loss_spike", {0: {"loss": loss, "lr": np.full(n, 1e-4)}})
-    assert [a.state for a in out][0] == "open" and out[-1].state == "cleared"
+    assert out[0].state == "open" and out[-1].state == "cleared"
     assert all(a.state != "degraded" for a in out)

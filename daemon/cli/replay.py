@@ -11,6 +11,13 @@ it and empty batches tick through it (as the daemon's fetch loop does), so ``sta
 A rank that goes quiet while others keep logging is judged at batch boundaries, so up to
 ``batch_steps`` steps later than live.
 After its last row a run ends cleanly (a ``run_end`` per rank), as when its agents closed.
+
+Recorded run records (``run_start``, ``event``, ``heartbeat``, ``run_end``: what the
+``events`` and ``heartbeats`` tables hold) can ride along (``records=``): each goes into the
+first batch whose ``now`` reaches its time, ticks through silences included, so ``stall``
+sees the heartbeats of a live but quiet rank and a rank's recorded ``run_end`` ends it when
+it ended, not when the run's last rank did; only ranks with no recorded ``run_end`` get one
+after the run's last row.
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +42,7 @@ from trainvigil.daemon.batch.from_arrays import batch_of, piece, step_columns_of
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.formatting import render
 from trainvigil.errors import ReplayError
-from trainvigil.schemas import Anomaly, RunEnd, Source
+from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, RunStart, Source
 
 FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
@@ -48,6 +55,8 @@ batch spans the gap, and empty batches tick through it."""
 TICK_S = 10.0
 """Through a silence, an empty batch every this many seconds (at most MAX_TICKS per silence)."""
 MAX_TICKS = 1000
+RunRecord: TypeAlias = RunStart | RunEnd | RunEvent | Heartbeat
+"""The run records a replay can carry beside the steps (``records=`` of :func:`batches`)."""
 
 
 def format_of(path: str | Path, fmt: str | None = None) -> str:
@@ -219,42 +228,90 @@ def _ticks(after: float, before: float) -> Iterator[IngestBatch]:
         yield IngestBatch(now=now)
 
 
-def batches(table: pa.Table, *, batch_steps: int = 256) -> Iterator[IngestBatch]:
+class _Pending:
+    """One run's recorded records, oldest first, handed out as replay time reaches them."""
+
+    def __init__(self, records: list[tuple[Source, RunRecord]]) -> None:
+        self._records = sorted(records, key=lambda r: r[1].time)
+        self._next = 0
+        self.ended: set[int] = set()
+        """Ranks whose recorded ``run_end`` was handed out."""
+
+    def attach(self, batch: IngestBatch, now: float) -> IngestBatch:
+        """Put every record up to ``now`` into ``batch``; returns it."""
+        while self._next < len(self._records) and self._records[self._next][1].time <= now:
+            source, record = self._records[self._next]
+            self._next += 1
+            if isinstance(record, RunEnd):
+                batch.run_ends.append((source, record))
+                self.ended.add(source.rank)
+            elif isinstance(record, RunStart):
+                batch.run_starts.append((source, record))
+            elif isinstance(record, Heartbeat):
+                batch.heartbeats.append((source, record))
+            else:
+                batch.events.append((source, record))
+        return batch
+
+    def latest(self) -> float:
+        """The time of the last record (-inf when there is none)."""
+        return self._records[-1][1].time if self._records else -math.inf
+
+
+def batches(
+    table: pa.Table, *, batch_steps: int = 256, records: Sequence[tuple[Source, RunRecord]] = ()
+) -> Iterator[IngestBatch]:
     """The recording as the batches live ingest would hand the detectors (see the module docstring).
+
+    Args:
+        records: recorded run records of the same runs (any order), replayed at their times.
 
     Raises:
         ReplayError: required columns missing or empty, or a column that is not numeric.
     """
+    by_run: dict[str, list[tuple[Source, RunRecord]]] = {}
+    for source, record in records:
+        by_run.setdefault(source.run_id, []).append((source, record))
     for ranks in _runs(_normalised(table)):
+        pending = _Pending(by_run.get(ranks[0].source.run_id, []))
         now = -math.inf
         for parts in _windows(ranks, batch_steps):
             if now > -math.inf:
-                yield from _ticks(now, min(float(p.times[0]) for p in parts))
+                for tick in _ticks(now, min(float(p.times[0]) for p in parts)):
+                    yield pending.attach(tick, tick.now if tick.now is not None else now)
             now = max(now, *(float(p.times.max()) for p in parts))
-            yield batch_of(*parts, now=now)
-        yield IngestBatch(
-            run_ends=[
-                (Source(run_id=p.source.run_id, rank=p.source.rank), RunEnd(time=now, last_step=int(p.step[-1])))
-                for p in ranks
-            ],
-            now=now,
+            yield pending.attach(batch_of(*parts, now=now), now)
+        now = max(now, pending.latest())
+        last = pending.attach(IngestBatch(now=now), now)
+        last.run_ends.extend(
+            (Source(run_id=p.source.run_id, rank=p.source.rank), RunEnd(time=now, last_step=int(p.step[-1])))
+            for p in ranks
+            if p.source.rank not in pending.ended
         )
+        yield last
 
 
-def replay_table(table: pa.Table, config: DaemonConfig | None = None, *, batch_steps: int = 256) -> list[Anomaly]:
+def replay_table(
+    table: pa.Table,
+    config: DaemonConfig | None = None,
+    *,
+    batch_steps: int = 256,
+    records: Sequence[tuple[Source, RunRecord]] = (),
+) -> list[Anomaly]:
     """Every alert update the configured detectors raise on a recording, in the order raised.
 
     Args:
         table: columns run_id, rank, step, optional time (Unix seconds), metrics; null = absent.
         config: detector settings (``config.detectors``); defaults when ``None``.
         batch_steps: steps per rank in one batch (an agent flush holds about this many).
+        records: recorded run records (events, heartbeats, run starts and ends), see :func:`batches`.
 
     Raises:
         ReplayError: required columns missing or empty, or a column that is not numeric.
     """
     active = detectors.build((config or DaemonConfig()).detectors)
     found: list[Anomaly] = []
-    for batch in batches(table, batch_steps=batch_steps):
+    for batch in batches(table, batch_steps=batch_steps, records=records):
         found.extend(detectors.run_all(active, batch))
     return found
 
