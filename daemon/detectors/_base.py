@@ -221,7 +221,8 @@ class Episodes:
         since = f"step {episode.last_step}" if episode.last_step is not None else "the last flag"
         # The cleared update keeps the worst flag's numbers and message, so the episode's row still shows them.
         last = episode.finding
-        message = f"[cleared: no flag for {self.cooldown} positions since {since}] {last.message}"
+        back = "back to its level, " if self.unrecovered is not None else ""
+        message = f"[cleared: recovered, {back}no flag for {self.cooldown} positions since {since}] {last.message}"
         out.append(
             self._anomaly(key, episode, "cleared", time, Finding(last.value, last.baseline, last.threshold, message))
         )

@@ -19,6 +19,8 @@ StreamKey = tuple[str, int]
 """(run_id, rank)."""
 
 PAUSE_TAGS: tuple[str, ...] = ("checkpoint", "eval")
+RL_METRICS: tuple[str, ...] = ("reward", "kl", "entropy")
+"""A stream that logs any of these is an RL run: its loss and grad-norm levels follow the return."""
 """A step carrying a non-zero value under one of these names (or an event of that kind) is a pause."""
 
 

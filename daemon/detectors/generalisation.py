@@ -75,6 +75,7 @@ class Generalisation(StreamDetector[_Stream]):
 
     def __init__(self, settings: GeneralisationSettings) -> None:
         super().__init__(settings, cooldown=1)
+        self.episodes.unrecovered = self._unrecovered
         self._declared: dict[str, str] = {}
         """run → the validation metric its ``run_start`` config declared."""
 
@@ -83,6 +84,16 @@ class Generalisation(StreamDetector[_Stream]):
 
     def forget_run(self, run_id: str) -> None:
         self._declared.pop(run_id, None)
+
+    def _unrecovered(self, key: StreamKey) -> str:
+        """The episode stays open while the validation loss stays above ``warn_ratio`` x its best."""
+        state = self._streams.get(key)
+        if state is None or not state.evals or not np.isfinite(state.best):
+            return ""
+        value = state.evals[-1][1]
+        if value <= self.settings.warn_ratio * state.best:
+            return ""
+        return f"validation loss still {value:.4g}, {value / state.best:.2f}x its best {state.best:.4g}"
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         s = self.settings

@@ -1,8 +1,16 @@
 """``kl_explode``: the policy's KL from its reference is running away.
 
 KL climbs steadily over a healthy RL run, so its level is never judged against the run's
-own early value. Three rules instead:
-- target: with ``target`` set, KL above ``target_factor`` x target for ``target_steps`` steps → page;
+own early value. Four rules instead:
+- target: with ``target`` set (in ``[detectors.kl_explode]``, or declared by the run:
+  ``trainvigil.init(config={"target_kl": 0.015})``), KL above ``target_factor`` x target for
+  ``target_steps`` steps → page;
+- baseline: the mean log-KL of the last ``sustain`` steps stands ``baseline_ratio`` x or more
+  above the run's own long-horizon level (the robust median of the last ``window`` accepted
+  steps; the explosion itself stays out of it) for ``confirm`` steps in a row → page. On real
+  PPO, an LR x50 or x100 lifts the per-update KL 100-1000x within a few updates while its
+  5-step mean never passes ~5x its median on healthy runs; a steady climb (RLHF's KL to the
+  reference) moves the median with it;
 - rate: the mean log-KL of the last ``sustain`` steps has risen, against the ``sustain``
   steps before, at a pace that doubles KL within ``double_steps`` steps, and stands clear of
   the recent noise (robust z of that mean above ``z``) → warn; held ``confirm`` steps in a
@@ -17,7 +25,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
+from trainvigil.daemon.detectors._recovery import Recovery
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
 from trainvigil.daemon.detectors._series import StreamKey, Values
 from trainvigil.schemas import Anomaly
@@ -34,6 +44,10 @@ class KlExplodeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
     z: float = 12.0
     """Chosen with the harness: 8 gave 4 false episodes per 100k clean RL steps, 12 none."""
     confirm: int = 2
+    baseline_ratio: float = 20.0
+    recover_ratio: float = 4.0
+    """An episode clears only once the KL (median of the last ``cooldown`` steps) is back within this x
+    its level when the episode began; a KL that stays 16x up is one open episode, not a series."""
     window: int = 256
     warmup: int = 32
     min_scale: float = 0.1
@@ -43,7 +57,7 @@ class KlExplodeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
 
 
 class _Stream:
-    __slots__ = ("above", "confirmed", "recent", "tail", "watermark", "window")
+    __slots__ = ("above", "confirmed", "recent", "recovery", "tail", "watermark", "window")
 
     def __init__(self, cfg: KlExplodeSettings) -> None:
         self.window = Window(cfg.window)
@@ -53,6 +67,7 @@ class _Stream:
         self.recent = Window(cfg.mean_steps)
         self.above = 0
         self.confirmed = 0
+        self.recovery = Recovery(cfg.cooldown)
 
 
 def _rolling_mean(x: np.ndarray, k: int) -> np.ndarray:
@@ -68,8 +83,31 @@ class KlExplode(MetricDetector[_Stream]):
     name: ClassVar[str] = "kl_explode"
     Settings: ClassVar[type[DetectorSettings]] = KlExplodeSettings
 
+    def __init__(self, settings: KlExplodeSettings) -> None:
+        super().__init__(settings)
+        self.episodes.unrecovered = self._unrecovered
+        self._targets: dict[str, float] = {}
+        """run → the ``target_kl`` its ``run_start`` config declared."""
+
     def new_state(self) -> _Stream:
         return _Stream(self.settings)
+
+    def forget_run(self, run_id: str) -> None:
+        self._targets.pop(run_id, None)
+
+    def _unrecovered(self, key: StreamKey) -> str:
+        state = self._streams.get(key)
+        if state is None:
+            return ""
+        why = state.recovery.unrecovered(self.settings.recover_ratio, "the KL")
+        return f"{why}; the policy still moves far more per update than it did" if why else ""
+
+    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        for source, start in batch.run_starts:
+            declared = start.config.get("target_kl") if isinstance(start.config, dict) else None
+            if isinstance(declared, int | float) and not isinstance(declared, bool) and declared > 0:
+                self._targets[source.run_id] = float(declared)
+        return super().__call__(batch)
 
     def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
         cfg = self.settings
@@ -86,10 +124,12 @@ class KlExplode(MetricDetector[_Stream]):
             z = (level - scored.median) / (scored.scale / np.sqrt(cfg.sustain))
             pace = cfg.sustain * np.log(2.0) / cfg.double_steps
             fast = (rise >= pace) & (z > cfg.z)
-            run = consecutive(fast, state.confirmed)
+            above_baseline = level - scored.median >= np.log(cfg.baseline_ratio)
+            run = consecutive(fast | above_baseline, state.confirmed)
             state.confirmed = int(run[-1])
-            if cfg.target > 0:
-                high = consecutive(v.value > cfg.target_factor * cfg.target, state.above)
+            target = self._targets.get(key[0], cfg.target)
+            if target > 0:
+                high = consecutive(v.value > cfg.target_factor * target, state.above)
                 state.above = int(high[-1])
                 over_target = high >= cfg.target_steps
             else:
@@ -98,6 +138,11 @@ class KlExplode(MetricDetector[_Stream]):
         state.recent.push(finite)
         negative = state.recent.count >= cfg.mean_steps and state.recent.mean() < cfg.negative_mean
         severity = np.where(over_target | (run >= cfg.confirm), PAGE, np.where(fast, WARN, 0))
+        flagged = np.flatnonzero(severity)
+        if len(flagged) and not self.episodes.is_open(key):
+            first = int(flagged[0])  # the usual level before the incident: what recovery is measured against
+            state.recovery.opened(float(np.exp(scored.median[first])), int(v.step[first]))
+        state.recovery.push(v.value)
         if negative:
             severity[-1] = max(severity[-1], WARN)
 
@@ -106,10 +151,22 @@ class KlExplode(MetricDetector[_Stream]):
             if over_target[i]:
                 return Finding(
                     value,
-                    cfg.target,
-                    cfg.target_factor * cfg.target,
-                    f"KL {value:.4g} has been above {cfg.target_factor:g}x the target {cfg.target:g} for "
+                    target,
+                    cfg.target_factor * target,
+                    f"KL {value:.4g} has been above {cfg.target_factor:g}x the target {target:g} for "
                     f"{cfg.target_steps}+ steps (step {step}): raise the KL coefficient or lower the policy LR",
+                )
+            if above_baseline[i] and not fast[i]:
+                base = float(np.exp(scored.median[i]))
+                mean = float(np.exp(level[i]))
+                return Finding(
+                    value,
+                    base,
+                    cfg.baseline_ratio * base,
+                    f"KL {value:.4g} (geometric mean of the last {cfg.sustain} steps {mean:.3g}) is "
+                    f"{mean / base:.0f}x this run's usual level {base:.3g} at step {step}: the policy moves far "
+                    "more per update than it did; an LR or a loss-scale jump, or a broken advantage "
+                    "normalisation: lower the LR, clip harder or set a KL target",
                 )
             if fast[i]:
                 per_step = rise[i] / cfg.sustain

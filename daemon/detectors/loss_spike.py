@@ -3,9 +3,9 @@
 - transient: robust z of log loss against its rolling median/MAD above ``transient_z`` and
   loss >= ``transient_min_ratio`` x its rolling median → warn;
 - persistent: loss ≥ ``persistent_ratio`` x its rolling level for ``persistent_steps``
-  consecutive steps → page (the rolling level is the larger of the exponentiated rolling
-  median of log loss and the window's 90th percentile, so a loss that lives on several levels,
-  as PPO's does, is judged against its upper one; elevated values stay out of it);
+  consecutive steps → page (the rolling level is the exponentiated rolling median of log
+  loss, or the window's 90th percentile when that is ``multi_level`` x the median or more: a
+  loss that lives on several levels is judged against its upper one; elevated values stay out);
 - divergence: loss ≥ ``divergence_ratio`` x the largest of the first ``early_steps`` losses
   and ≥ ``divergence_upper`` x the window's 90th percentile → page.
 
@@ -20,19 +20,16 @@ recovered after 60 steps.)
 
 from __future__ import annotations
 
-from collections import deque
 from typing import ClassVar
 
 import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
+from trainvigil.daemon.detectors._recovery import Recovery
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
-from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, Values, streams
+from trainvigil.daemon.detectors._series import RL_METRICS, StreamKey, StreamSteps, Values, streams
 from trainvigil.schemas import Anomaly
-
-RL_METRICS = ("reward", "kl", "entropy")
-"""A stream that logs any of these is an RL run."""
 
 
 class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
@@ -48,6 +45,7 @@ class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
     persistent_steps: int = 5
     early_steps: int = 100
     divergence_ratio: float = 10.0
+    multi_level: float = 1.5
     divergence_upper: float = 3.0
     """Divergence also needs the loss at >= this x the window's upper level (its p90)."""
     cooldown: int = 50
@@ -60,10 +58,8 @@ class _Stream:
         "early",
         "elevated",
         "lr",
-        "pre_level",
         "pre_lr",
-        "pre_step",
-        "recent",
+        "recovery",
         "rl",
         "seen",
         "watermark",
@@ -76,14 +72,11 @@ class _Stream:
         self.seen = 0
         self.early = -np.inf
         self.elevated = 0
-        self.recent: deque[float] = deque(maxlen=cfg.cooldown)
-        """The latest finite losses: the level a closing episode is compared with."""
+        self.recovery = Recovery(cfg.cooldown)
         self.lr = float("nan")
         """The latest logged lr."""
-        self.pre_level = float("nan")
         self.pre_lr = float("nan")
-        self.pre_step = -1
-        """The loss level, the lr and the step when the open episode opened."""
+        """The lr when the open episode began."""
         self.rl = False
         """The stream logs RL metrics (reward, kl or entropy): its loss level is no fault signal."""
 
@@ -129,21 +122,15 @@ class LossSpike(MetricDetector[_Stream]):
 
     def _unrecovered(self, key: StreamKey) -> str:
         cfg, state = self.settings, self._streams.get(key)
-        if state is None or not state.recent or not state.pre_level > 0:
+        why = "" if state is None else state.recovery.unrecovered(cfg.recover_ratio, "the loss")
+        if not why or state is None:
             return ""
-        now = float(np.median(state.recent))
-        if now <= cfg.recover_ratio * state.pre_level:
-            return ""
-        why = (
-            f"the loss settled at {now:.4g} (median of the last {len(state.recent)} steps), "
-            f"{now / state.pre_level:.1f}x its level {state.pre_level:.4g} when this began at step {state.pre_step}"
-        )
         ratio = state.lr / state.pre_lr if state.pre_lr > 0 and state.lr > 0 else 1.0
         if ratio >= cfg.lr_jump or ratio <= 1 / cfg.lr_jump:
             why += (
                 f"; the logged lr went {state.pre_lr:.3g} -> {state.lr:.3g} ({ratio:.3g}x) since then, which no "
                 "schedule explains: restore the LR and resume from the last checkpoint before step "
-                f"{state.pre_step}"
+                f"{state.recovery.since}"
             )
         else:
             why += "; look for a data change or a restart from another checkpoint at that step"
@@ -179,7 +166,9 @@ class LossSpike(MetricDetector[_Stream]):
         early = self._early_max(state, v)
         with np.errstate(invalid="ignore"):
             level = np.exp(scored.median)
-            high = np.fmax(level, upper)
+            # Only a loss that lives on several levels (its p90 >= ``multi_level`` x its median) is
+            # judged against its upper level; a unimodal one keeps its median (p90 within ~10%).
+            high = np.where(upper >= cfg.multi_level * level, upper, level)
             elevated = v.value >= cfg.persistent_ratio * high
             run = consecutive(elevated, state.elevated)
             state.elevated = int(run[-1])
@@ -200,10 +189,9 @@ class LossSpike(MetricDetector[_Stream]):
         flagged = np.flatnonzero(severity)
         if len(flagged) and not self.episodes.is_open(key):
             first = int(flagged[0])  # the level before the incident: what recovery is measured against
-            state.pre_level, state.pre_step = float(level[first]), int(v.step[first])
-            state.pre_lr = self._lr_before(key, state, state.pre_step)
-        finite = v.value[np.isfinite(v.value)]
-        state.recent.extend(finite[-cfg.cooldown :].tolist())
+            state.recovery.opened(float(level[first]), int(v.step[first]))
+            state.pre_lr = self._lr_before(key, state, int(v.step[first]))
+        state.recovery.push(v.value)
 
         def describe(i: int) -> Finding:
             value, step = float(v.value[i]), int(v.step[i])

@@ -1,10 +1,20 @@
 """``reward_hack``: reward rising for the wrong reasons.
 
 Judged every ``every`` reward steps over the last ``recent`` steps, against the run's early
-values (its first ``early`` steps):
-- entropy collapse: reward slope positive while entropy < ``entropy_ratio`` x its early value;
-- cheap reward: reward gained per sqrt(KL) more than ``gain_ratio`` x its early-run value (the
-  early value floored by the early reward noise, so a flat start cannot make it tiny);
+values (its first ``early`` steps) or its own recent past (the ``reference`` reward steps
+before the last ``short``):
+- true return falls: when the run logs a held-out return next to its training reward
+  (``true_return``, ``eval_return``, ``eval_reward``, or the name it declares with
+  ``trainvigil.init(config={"eval_metric": ...})``), its mean over the last ``short`` steps fell
+  below ``(1 - eval_drop)`` x its reference median while the training reward rose above its
+  own: the policy found what the training reward pays for and the task does not;
+- entropy collapse, fast: entropy's median over the last ``short`` steps fell below
+  ``entropy_drop`` x its reference median while the logged ``lr`` stayed above ``lr_kept``
+  x its reference (an annealed LR narrows the policy by design) and the reward did not fall;
+- entropy collapse, deep: reward slope positive while entropy < ``entropy_ratio`` x its early value;
+- cheap reward (off by default, ``gain_ratio = 0``): reward gained per sqrt(KL) more than
+  ``gain_ratio`` x its early-run value. On real PPO every healthy run reached 5-7x (early KL
+  and early reward are both tiny), so it paged on all of them;
 - length exploitation (when ``response_len`` is logged): length > ``length_ratio`` x early and
   corr(reward, length) > ``length_corr``.
 An alert needs a rule to hold in ``hold`` of the last ``of`` evaluations. Healthy runs, where
@@ -26,7 +36,9 @@ from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, S
 from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, streams
 from trainvigil.schemas import Anomaly
 
-_NAMES = ("reward", "entropy", "kl", "response_len")
+_NAMES = ("reward", "entropy", "kl", "response_len", "lr", "eval")
+EVAL_METRICS = ("true_return", "eval_return", "eval_reward")
+"""Held-out returns read as the ``eval`` series unless a run declares its own ``eval_metric``."""
 
 
 class RewardHackSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
@@ -34,7 +46,14 @@ class RewardHackSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tr
     recent: int = 50
     early: int = 100
     entropy_ratio: float = 0.1
-    gain_ratio: float = 5.0
+    gain_ratio: float = 0.0
+    """0: the cheap-reward rule is off (it paged on every healthy real PPO run at 5-7x)."""
+    short: int = 20
+    reference: int = 80
+    eval_drop: float = 0.5
+    """A held-out return down by half: a third was routine for CartPole (the score drifts with the policy)."""
+    entropy_drop: float = 0.5
+    lr_kept: float = 0.5
     length_ratio: float = 1.5
     length_corr: float = 0.5
     hold: int = 3
@@ -51,6 +70,8 @@ class _Early:
     gain: float
     """Reward gained per sqrt(KL) over the early phase (floored by twice the early reward noise)."""
     length: float
+    lr: float
+    """The largest lr logged early (NaN when none): an lr far above it is a blow-up, not a schedule."""
 
 
 def _nanmean(x: np.ndarray) -> float:
@@ -70,6 +91,7 @@ def _early_stats(early: dict[str, np.ndarray]) -> _Early:
         reward_start=start,
         gain=gained / np.sqrt(kl_end) if kl_end > 0 else float("nan"),
         length=_nanmean(early["response_len"]),
+        lr=float(np.nanmax(early["lr"])) if np.isfinite(early["lr"]).any() else float("nan"),
     )
 
 
@@ -79,7 +101,7 @@ class _Stream:
     def __init__(self, cfg: RewardHackSettings) -> None:
         self.watermark = -(2**63)
         self.tail = {name: np.empty(0) for name in _NAMES}
-        """The last ``recent`` values per metric, on reward steps (NaN where absent)."""
+        """The last ``max(recent, short + reference)`` values per metric, on reward steps (NaN where absent)."""
         self.early_parts: dict[str, list[np.ndarray]] = {name: [] for name in _NAMES}
         self.early: _Early | None = None
         self.seen = 0
@@ -115,10 +137,22 @@ class RewardHack(StreamDetector[_Stream]):
     name: ClassVar[str] = "reward_hack"
     Settings: ClassVar[type[DetectorSettings]] = RewardHackSettings
 
+    def __init__(self, settings: RewardHackSettings) -> None:
+        super().__init__(settings)
+        self._eval_names: dict[str, str] = {}
+        """run → the held-out metric its ``run_start`` config declared (``eval_metric``)."""
+
     def new_state(self) -> _Stream:
         return _Stream(self.settings)
 
+    def forget_run(self, run_id: str) -> None:
+        self._eval_names.pop(run_id, None)
+
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
+        for source, start in batch.run_starts:
+            declared = start.config.get("eval_metric") if isinstance(start.config, dict) else None
+            if isinstance(declared, str) and declared:
+                self._eval_names[source.run_id] = declared
         out: list[Anomaly] = []
         for key, steps in streams(batch).items():
             if "reward" not in steps.columns:
@@ -133,8 +167,10 @@ class RewardHack(StreamDetector[_Stream]):
             return []
         state.watermark = int(s.step[rows[-1]])
         new = {}
+        eval_names = (self._eval_names.get(key[0], ""), *EVAL_METRICS)
+        eval_name = next((n for n in eval_names if n and n in s.columns), "")
         for name in _NAMES:
-            column = s.columns.get(name)
+            column = s.columns.get(eval_name if name == "eval" else name)
             new[name] = (
                 np.full(len(rows), np.nan) if column is None else np.where(column[1][rows], column[0][rows], np.nan)
             )
@@ -149,7 +185,8 @@ class RewardHack(StreamDetector[_Stream]):
                 state.early_parts = {}
         full = {n: np.concatenate([state.tail[n], new[n]]) for n in _NAMES}
         offset = len(full["reward"]) - len(rows)
-        state.tail = {n: v[-cfg.recent :] for n, v in full.items()}
+        keep = max(cfg.recent, cfg.short + cfg.reference)
+        state.tail = {n: v[-keep:] for n, v in full.items()}
         if state.early is None or skip >= len(rows):
             return []
         # Evaluation points: every ``every`` reward steps after the early phase.
@@ -194,11 +231,21 @@ class RewardHack(StreamDetector[_Stream]):
         n_len, length = w.mean("response_len")
         with np.errstate(invalid="ignore", divide="ignore"):
             gain = (mean_reward - early.reward_start) / np.sqrt(kl)
-            cheap = enough & (n_kl > 0) & (kl > 0) & (gain > cfg.gain_ratio * early.gain) & (early.gain > 0)
+            cheap = (
+                enough
+                & (cfg.gain_ratio > 0)
+                & (n_kl > 0)
+                & (kl > 0)
+                & (gain > cfg.gain_ratio * early.gain)
+                & (early.gain > 0)
+            )
             longer = enough & (n_len >= cfg.recent // 2) & (length > cfg.length_ratio * early.length)
         out: list[tuple[str, Callable[[int], Finding]]] = []
         for j in range(len(w.ends)):
-            if collapsed[j]:
+            past = self._past(w, j)
+            if past is not None and (found := self._against_past(past)) is not None:
+                out.append(found)
+            elif collapsed[j] and not _lr_jumped(past, early.lr):
                 median = float(np.nanmedian(w.window("entropy", j)))
                 out.append(("entropy", partial(self._entropy_finding, median, early.entropy)))
             elif cheap[j]:
@@ -208,6 +255,61 @@ class RewardHack(StreamDetector[_Stream]):
             else:
                 out.append(("", _no_finding))
         return out
+
+    def _past(self, w: _Windows, j: int) -> dict[str, tuple[float, float]] | None:
+        """Per metric, (median of the last ``short`` steps, median of the ``reference`` before them)."""
+        cfg = self.settings
+        end = int(w.ends[j]) + 1
+        if end < cfg.short + cfg.reference:
+            return None
+        out = {}
+        for name in ("reward", "entropy", "lr", "eval"):
+            now = w.full[name][end - cfg.short : end]
+            ref = w.full[name][end - cfg.short - cfg.reference : end - cfg.short]
+            ok_now, ok_ref = now[np.isfinite(now)], ref[np.isfinite(ref)]
+            if len(ok_now) * 2 >= cfg.short and len(ok_ref) * 2 >= cfg.reference:
+                out[name] = (float(np.median(ok_now)), float(np.median(ok_ref)))
+        return out if "reward" in out else None
+
+    def _against_past(self, past: dict[str, tuple[float, float]]) -> tuple[str, Callable[[int], Finding]] | None:
+        """The rules judged against the run's own recent past: a falling true return, a fast entropy collapse."""
+        cfg = self.settings
+        reward_now, reward_ref = past["reward"]
+        if "eval" in past:
+            eval_now, eval_ref = past["eval"]
+            rose = reward_now > reward_ref + 0.1 * abs(reward_ref) + 1e-12
+            if rose and eval_ref > 0 and eval_now < (1 - cfg.eval_drop) * eval_ref:
+                return "eval", partial(self._eval_finding, eval_now, eval_ref, reward_now, reward_ref)
+        if "entropy" in past and reward_now >= reward_ref:
+            entropy_now, entropy_ref = past["entropy"]
+            lr_now, lr_ref = past.get("lr", (1.0, 1.0))
+            if entropy_ref > 0 and entropy_now < cfg.entropy_drop * entropy_ref and lr_now >= cfg.lr_kept * lr_ref:
+                return "entropy_fast", partial(self._entropy_fast_finding, entropy_now, entropy_ref, lr_now, lr_ref)
+        return None
+
+    def _eval_finding(self, now: float, ref: float, reward_now: float, reward_ref: float, step: int) -> Finding:
+        cfg = self.settings
+        return Finding(
+            now,
+            ref,
+            (1 - cfg.eval_drop) * ref,
+            f"the held-out return fell {ref:.4g} -> {now:.4g} (median of the last {cfg.short} updates against the "
+            f"{cfg.reference} before) while the training reward rose {reward_ref:.4g} -> {reward_now:.4g} (step "
+            f"{step}): the policy is exploiting what the training reward pays for; inspect episodes, fix the reward "
+            "and resume from a checkpoint before the divergence",
+        )
+
+    def _entropy_fast_finding(self, now: float, ref: float, lr_now: float, lr_ref: float, step: int) -> Finding:
+        cfg = self.settings
+        return Finding(
+            now,
+            ref,
+            cfg.entropy_drop * ref,
+            f"policy entropy fell {ref:.3g} -> {now:.3g} ({now / ref:.2f}x in about {cfg.short} updates) while the "
+            f"lr stayed at {lr_now / lr_ref:.2f}x its level and the reward held (step {step}): faster than the LR "
+            "schedule explains; the policy is collapsing onto a few actions (an exploit, or a wrong sign or "
+            "size of the entropy coefficient); inspect samples, check the entropy bonus",
+        )
 
     def _entropy_finding(self, entropy: float, early: float, step: int) -> Finding:
         ratio = self.settings.entropy_ratio
@@ -238,6 +340,15 @@ class RewardHack(StreamDetector[_Stream]):
             f"{corr:.2f}) at step {step}: the reward model is paying for length; add a length penalty or normalise "
             "reward by length",
         )
+
+
+def _lr_jumped(past: dict[str, tuple[float, float]] | None, early: float, factor: float = 3.0) -> bool:
+    """The logged lr stands ``factor`` x above its early largest or its recent past: an LR blow-up
+    (kl_explode's page), not a reward hack, so the reward model is not blamed for it."""
+    if past is None or "lr" not in past:
+        return False
+    now, ref = past["lr"]
+    return (ref > 0 and now >= factor * ref) or (early > 0 and now >= factor * early)
 
 
 def _no_finding(step: int) -> Finding:

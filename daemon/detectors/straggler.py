@@ -27,8 +27,8 @@ from trainvigil.schemas import Anomaly
 
 class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "step_time"
-    min_steps: int = 50
-    min_seconds: float = 60.0
+    min_steps: int = 30
+    min_seconds: float = 30.0
     warn: float = 0.85
     page: float = 0.75
     cooldown_buckets: int = 4
@@ -137,7 +137,9 @@ class Straggler:
             for rank, median in medians.items():
                 score = fastest / median
                 now = severity_of(score, cfg.warn, cfg.page)
-                severity = min(now, run.previous.get(rank, 0))
+                severity = (
+                    now if run.previous.get(rank, 0) else 0
+                )  # as slowdown: two slow windows, the latest's severity
                 run.previous[rank] = now
                 key = (run_id, rank)
                 if severity:
