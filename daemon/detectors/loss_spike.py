@@ -20,6 +20,7 @@ recovered after 60 steps.)
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar
 
 import numpy as np
@@ -28,8 +29,13 @@ from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from trainvigil.daemon.detectors._recovery import Recovery
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
-from trainvigil.daemon.detectors._series import RL_METRICS, StreamKey, StreamSteps, Values, streams
+from trainvigil.daemon.detectors._series import RL_METRICS, StreamKey, Values, streams
 from trainvigil.schemas import Anomaly
+
+LR_HISTORY = 512
+"""Logged lrs kept per stream, to name an lr jump as the cause of a loss that did not recover."""
+LR_LEAD = 20
+"""The lr before an incident is read this many steps before its first flag: a jump leads the loss."""
 
 
 class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
@@ -73,10 +79,10 @@ class _Stream:
         self.early = -np.inf
         self.elevated = 0
         self.recovery = Recovery(cfg.cooldown)
-        self.lr = float("nan")
-        """The latest logged lr."""
+        self.lr: deque[tuple[int, float]] = deque(maxlen=LR_HISTORY)
+        """(step, lr) of the latest logged lrs, this batch's included."""
         self.pre_lr = float("nan")
-        """The lr when the open episode began."""
+        """The lr ``LR_LEAD`` steps before the open episode began (a jump often leads the loss by a few steps)."""
         self.rl = False
         """The stream logs RL metrics (reward, kl or entropy): its loss level is no fault signal."""
 
@@ -88,47 +94,35 @@ class LossSpike(MetricDetector[_Stream]):
     def __init__(self, settings: LossSpikeSettings) -> None:
         super().__init__(settings)
         self.episodes.unrecovered = self._unrecovered
-        self._batch_streams: dict[StreamKey, StreamSteps] = {}
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        self._batch_streams = streams(batch)
-        for key, steps in self._batch_streams.items():
-            if any(name in steps.columns for name in RL_METRICS):
-                self.state(key).rl = True
-        out = super().__call__(batch)
-        # The logged lr, for the causes a degraded episode names (an episode opened in this batch
-        # read the lr before its first flag from the batch itself, see ``judge``).
         for key, steps in streams(batch).items():
-            state = self._streams.get(key)
-            if state is None:
-                continue
-            lr = steps.metric("lr").value
-            if len(lr):
-                state.lr = float(lr[-1])
-        return out
+            state = self.state(key)
+            if any(name in steps.columns for name in RL_METRICS):
+                state.rl = True
+            lr = steps.metric("lr")
+            state.lr.extend(zip(lr.step[-LR_HISTORY:].tolist(), lr.value[-LR_HISTORY:].tolist(), strict=True))
+        return super().__call__(batch)
 
-    def _lr_before(self, key: StreamKey, state: _Stream, step: int) -> float:
-        """The lr logged last before ``step``: from this batch, else from earlier ones."""
-        batch_lr = self._batch_streams.get(key)
-        if batch_lr is not None:
-            lr = batch_lr.metric("lr")
-            before = lr.value[lr.step < step]
-            if len(before):
-                return float(before[-1])
-        return state.lr
+    @staticmethod
+    def _lr_at(state: _Stream, step: int) -> float:
+        """The lr logged last at or before ``step`` (NaN when none is kept)."""
+        before = [value for at, value in state.lr if at <= step]
+        return before[-1] if before else float("nan")
 
     def _unrecovered(self, key: StreamKey) -> str:
         cfg, state = self.settings, self._streams.get(key)
         why = "" if state is None else state.recovery.unrecovered(cfg.recover_ratio, "the loss")
         if not why or state is None:
             return ""
-        ratio = state.lr / state.pre_lr if state.pre_lr > 0 and state.lr > 0 else 1.0
+        now_lr = state.lr[-1][1] if state.lr else float("nan")
+        ratio = now_lr / state.pre_lr if state.pre_lr > 0 and now_lr > 0 else 1.0
         if ratio >= cfg.lr_jump or ratio <= 1 / cfg.lr_jump:
             why += (
-                f"; the logged lr went {state.pre_lr:.3g} -> {state.lr:.3g} ({ratio:.3g}x) since then, which no "
+                f"; the logged lr went {state.pre_lr:.3g} -> {now_lr:.3g} ({ratio:.3g}x) since then, which no "
                 "schedule explains: restore the LR and resume from the last checkpoint before step "
                 f"{state.recovery.since}"
             )
@@ -190,7 +184,7 @@ class LossSpike(MetricDetector[_Stream]):
         if len(flagged) and not self.episodes.is_open(key):
             first = int(flagged[0])  # the level before the incident: what recovery is measured against
             state.recovery.opened(float(level[first]), int(v.step[first]))
-            state.pre_lr = self._lr_before(key, state, int(v.step[first]))
+            state.pre_lr = self._lr_at(state, int(v.step[first]) - LR_LEAD)
         state.recovery.push(v.value)
 
         def describe(i: int) -> Finding:
