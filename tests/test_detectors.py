@@ -403,3 +403,12 @@ def test_a_spike_the_run_recovers_from_clears_as_before() -> None:
     out = run_detector("loss_spike", {0: {"loss": loss, "lr": np.full(n, 1e-4)}})
     assert out[0].state == "open" and out[-1].state == "cleared"
     assert all(a.state != "degraded" for a in out)
+
+
+def test_a_grad_spike_after_a_collapse_states_the_recent_level_not_only_the_old_median() -> None:
+    grad = noisy(95, n=1000, sigma=0.1, level=1.4)
+    grad[600:] = noisy(96, n=400, sigma=0.1, level=0.005)  # the norms collapse
+    grad[640] = 4.99  # then jump back, ~1000x the recent level
+    out = opened(run_detector("grad_spike", {0: {"grad_norm": grad}}))
+    (spike,) = [a for a in out if a.step == 640]
+    assert "last 20 steps ran at ~0.005" in spike.message and "before a level shift" in spike.message

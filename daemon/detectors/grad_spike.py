@@ -47,14 +47,20 @@ class GradSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
     cooldown: int = 50
 
 
+RECENT = 20
+"""Values before a flag that give its recent level, printed when it differs from the baseline."""
+
+
 class _Stream:
-    __slots__ = ("rl", "watermark", "window")
+    __slots__ = ("recent", "rl", "watermark", "window")
 
     def __init__(self, cfg: GradSpikeSettings) -> None:
         self.window = Window(cfg.window)
         self.watermark = -(2**63)
         self.rl = False
         """The stream logs RL metrics (see ``loss_spike.RL_METRICS``)."""
+        self.recent = np.empty(0)
+        """The last ``RECENT`` finite values before this batch."""
 
 
 class GradSpike(MetricDetector[_Stream]):
@@ -96,6 +102,24 @@ class GradSpike(MetricDetector[_Stream]):
             page = (big & (scored.z > cfg.page_z)) | by_ratio
             warn = big & (scored.z > cfg.warn_z)
         severity = np.where(page, PAGE, np.where(warn, WARN, 0))
+        before = state.recent
+        finite = v.value[np.isfinite(v.value)]
+        state.recent = np.concatenate([before, finite])[-RECENT:]
+
+        def recent_level(i: int) -> str:
+            """ ", while the last 20 steps ran at ~X" when the recent level is far from the baseline
+            (a baseline that predates a level shift: after a collapse, the old median misleads)."""
+            prior = np.concatenate([before, v.value[:i][np.isfinite(v.value[:i])]])[-RECENT:]
+            if len(prior) < RECENT // 2:
+                return ""
+            recent = float(np.median(prior))
+            level = float(np.exp(scored.median[i]))
+            if not (recent > 0 and (recent > 3 * level or recent < level / 3)):
+                return ""
+            return (
+                f"; its last {len(prior)} steps ran at ~{recent:.4g} ({float(v.value[i]) / recent:.1f}x that): "
+                "the median is from before a level shift"
+            )
 
         def describe(i: int) -> Finding:
             level = float(np.exp(scored.median[i]))
@@ -111,8 +135,8 @@ class GradSpike(MetricDetector[_Stream]):
                 level,
                 bar,
                 f"{cfg.metric} {v.value[i]:.4g} is {ratio[i]:.1f}x its rolling median {level:.4g} "
-                f"(robust z {scored.z[i]:.1f}) at step {int(v.step[i])}: check that batch for outliers, "
-                "lower the learning rate or tighten gradient clipping",
+                f"(robust z {scored.z[i]:.1f}) at step {int(v.step[i])}{recent_level(i)}: check that batch for "
+                "outliers, lower the learning rate or tighten gradient clipping",
             )
 
         return self.episodes.scan(key, v.step, severity, v.time, describe)
