@@ -20,18 +20,14 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from trainvigil.schemas import (
-    CheckpointDigest,
     Envelope,
-    GilSample,
-    Heartbeat,
     Record,
-    RunEnd,
-    RunEvent,
     Source,
     StepBatch,
     data_subject,
     encode,
 )
+from trainvigil.schemas.kinds import RECORD_KINDS
 from trainvigil.schemas.subjects import Kind
 
 from ._drops import Drops
@@ -43,13 +39,6 @@ CHUNK = 256
 """Entries packed per slice of worker time: well under 1 ms of GIL per slice."""
 MAX_PAYLOAD = 768 * 1024
 """Below nats-server's default 1 MiB max_payload, with room for headers."""
-_KIND_OF: dict[type, Kind] = {
-    RunEvent: "run",
-    RunEnd: "run",
-    Heartbeat: "hb",
-    CheckpointDigest: "ckpt",
-    GilSample: "gil",
-}
 
 Failed = Callable[[str, BaseException, str, int], None]
 """Told of an unexpected exception: (what was being done, the exception, drop reason, events lost)."""
@@ -101,10 +90,11 @@ class Batcher:
         by_kind: dict[Kind, list[Record]] = {}
         while records:
             record = records.popleft()
-            by_kind.setdefault(_KIND_OF.get(type(record), "run"), []).append(record)
+            record_kind = RECORD_KINDS.get(type(record))
+            by_kind.setdefault(record_kind.subject if record_kind is not None else "run", []).append(record)
         out: list[OutMsg] = []
-        for kind, group in by_kind.items():
-            self._group(data_subject(self.source.run_id, kind), group, out)
+        for subject_kind, group in by_kind.items():
+            self._group(data_subject(self.source.run_id, subject_kind), group, out)
         return out
 
     def _add(self, chunk: list[Entry]) -> None:

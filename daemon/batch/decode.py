@@ -27,6 +27,7 @@ from trainvigil.schemas import (
     StepBatch,
     decode,
 )
+from trainvigil.schemas.kinds import RECORD_KINDS, SOURCED_FIELDS
 from trainvigil.schemas.limits import MAX_TIME, MIN_TIME
 
 
@@ -111,15 +112,8 @@ class IngestBatch:
         self,
     ) -> Iterator[tuple[Source, RunStart | RunEnd | RunEvent | Heartbeat | GilSample | CheckpointDigest]]:
         """Every (source, record) of the batch that is not a step batch, an anomaly or a canary."""
-        for records in (
-            self.run_starts,
-            self.run_ends,
-            self.events,
-            self.heartbeats,
-            self.gil_samples,
-            self.checkpoints,
-        ):
-            yield from records
+        for name in SOURCED_FIELDS:
+            yield from getattr(self, name)
 
     @property
     def step_rows(self) -> int:
@@ -128,15 +122,7 @@ class IngestBatch:
     @property
     def events_ingested(self) -> int:
         """Agent events this batch carries (a step counts once, however many metrics)."""
-        return (
-            self.step_rows
-            + len(self.run_starts)
-            + len(self.run_ends)
-            + len(self.events)
-            + len(self.heartbeats)
-            + len(self.gil_samples)
-            + len(self.checkpoints)
-        )
+        return self.step_rows + sum(len(getattr(self, name)) for name in SOURCED_FIELDS)
 
 
 def _floats(raw: bytes, n: int, name: str) -> np.ndarray:
@@ -182,22 +168,14 @@ def _add_records(batch: IngestBatch, envelope: Envelope) -> None:
     # Check every step batch before taking anything, so a bad message is dead-lettered whole.
     steps = [step_columns(source, r) for r in envelope.records if isinstance(r, StepBatch)]
     for record in envelope.records:
-        if isinstance(record, RunStart):
-            batch.run_starts.append((source, record))
-        elif isinstance(record, RunEnd):
-            batch.run_ends.append((source, record))
-        elif isinstance(record, RunEvent):
-            batch.events.append((source, record))
-        elif isinstance(record, Heartbeat):
-            batch.heartbeats.append((source, record))
-        elif isinstance(record, GilSample):
-            batch.gil_samples.append((source, record))
-        elif isinstance(record, CheckpointDigest):
-            batch.checkpoints.append((source, record))
-        elif isinstance(record, Anomaly):
-            batch.anomalies.append(record)
-        elif isinstance(record, CanaryResult):
-            batch.canaries.append(record)
+        kind = RECORD_KINDS[type(record)]
+        match record:
+            case StepBatch():
+                pass  # columns above
+            case Anomaly() | CanaryResult():
+                getattr(batch, kind.field).append(record)
+            case _:
+                getattr(batch, kind.field).append((source, record))
     batch.steps.extend(steps)
 
 

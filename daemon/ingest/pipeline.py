@@ -38,6 +38,7 @@ from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import StoreUnavailableError
 from trainvigil.schemas import Anomaly
+from trainvigil.schemas.kinds import RECORD_KINDS
 
 log = structlog.get_logger("trainvigil.ingest")
 
@@ -63,14 +64,9 @@ def _stream_seq(msg: Msg) -> int:
 
 def _count(metrics: DaemonMetrics, batch: IngestBatch) -> None:
     metrics.events_ingested["steps"] += batch.step_rows
-    for kind, items in (
-        ("run", batch.run_starts + batch.run_ends + batch.events),  # type: ignore[operator]
-        ("heartbeat", batch.heartbeats),
-        ("gil", batch.gil_samples),
-        ("ckpt", batch.checkpoints),
-    ):
-        if items:
-            metrics.events_ingested[kind] += len(items)
+    for kind in RECORD_KINDS.values():
+        if kind.sourced and kind.field != "steps" and (items := getattr(batch, kind.field)):
+            metrics.events_ingested[kind.counter] += len(items)
     for letter in batch.dead_letters:
         metrics.dead_letters[letter.reason] += 1
     for gap in batch.losses:
