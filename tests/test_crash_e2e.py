@@ -62,3 +62,40 @@ def test_an_uncaught_exception_ends_the_run_as_error_pages_run_failed_and_the_us
         assert daemon.scalar(thread_events) == 2
     finally:
         daemon.kill()
+
+
+KILLED = """
+import sys, time, trainvigil
+vigil = trainvigil.init(run_id="killed")
+for step in range(20):
+    vigil.log(step, loss=1.0)
+vigil.flush(10)
+print("logged", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_process_killed_without_a_word_is_marked_lost_and_pages_run_failed(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    env = {"VIGIL_DETECTORS_RUN_FAILED_LOST_AFTER_S": "3", "VIGIL_DETECTORS_STALL_MIN_SECONDS": "2"}
+    daemon = Daemon(nats_server.url, tmp_path / "data", env=env)
+    daemon.start()
+    agent_env = {**os.environ, "VIGIL_NATS_URL": nats_server.url}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED], env=agent_env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "logged"
+        wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'killed'") == 20, 30, "the steps")
+        proc.kill()  # SIGKILL: no run_end, no atexit
+        proc.wait()
+        lost = "select step, severity, value, message from anomalies where detector = 'run_failed'"
+        step, severity, value, message = wait_for(lambda: daemon.sql(lost).rows, 60, "the lost page")[0]
+        assert (step, severity) == (19, "page") and value >= 3 and "vanished after step 19" in message
+        runs = daemon.sql(RUNS_SQL)
+        status = dict(zip(runs.columns, runs.rows[0], strict=True))["status"]
+        assert status == "lost"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        daemon.kill()

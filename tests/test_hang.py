@@ -148,3 +148,41 @@ def test_the_agents_probe_samples_a_really_blocked_thread_only_once_its_step_sto
     finally:
         release.set()
         thread.join()
+
+
+def _run_failed(**settings: float) -> detectors.Detector:
+    (det,) = [d for d in detectors.build(load(None, env={}).detectors) if d.name == "run_failed"]
+    if settings:
+        det = type(det)(type(det).Settings(**settings))  # type: ignore[call-arg]
+    return det
+
+
+def test_a_rank_that_vanishes_without_run_end_is_lost_after_the_horizon_and_clears_if_it_speaks() -> None:
+    det = _run_failed(lost_after_s=120.0)
+    det(_steps(0, 0, 100, 0.0))  # last record at t=10
+    assert det(IngestBatch(now=100.0)) == []
+    (lost,) = det(IngestBatch(now=131.0))
+    assert (lost.state, lost.severity, lost.step) == ("open", "page", 99)
+    assert lost.value == pytest.approx(121.0) and "vanished after step 99" in lost.message
+    assert det(IngestBatch(now=200.0)) == [], "one page, not one per tick"
+    (back,) = det(_beat(0, 210.0, 99))
+    assert back.state == "cleared"
+
+
+def test_an_error_run_end_pages_at_once_and_a_clean_one_never() -> None:
+    det = _run_failed()
+    det(_steps(0, 0, 100, 0.0))
+    det(_steps(1, 0, 100, 0.0))
+    src0, src1 = Source(run_id="run", rank=0), Source(run_id="run", rank=1)
+    out = det(
+        IngestBatch(
+            run_ends=[
+                (src0, RunEnd(time=11.0, last_step=99, status="error", error="RuntimeError: CUDA out of memory")),
+                (src1, RunEnd(time=11.0, last_step=99)),
+            ],
+            now=11.0,
+        )
+    )
+    assert [(a.rank, a.severity, a.step) for a in out] == [(0, "page", 99)]
+    assert "RuntimeError: CUDA out of memory" in out[0].message
+    assert det(IngestBatch(now=5000.0)) == [], "ended ranks are never lost"

@@ -33,7 +33,12 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED = 0, 1, 2, 3, 4
 
 RUNS_SQL = """
-SELECT r.run_id, r.status, r.world_size,
+SELECT r.run_id,
+       CASE WHEN r.status = 'running' AND EXISTS (
+                SELECT 1 FROM anomalies a WHERE a.run_id = r.run_id AND a.detector = 'run_failed'
+                AND a.value IS NOT NULL AND a.state <> 'cleared')
+            THEN 'lost' ELSE r.status END AS status,
+       r.world_size,
        count(s.step) AS steps, max(s.step) AS last_step, r.last_seen,
        (SELECT coalesce(sum(d.count), 0) FROM data_loss d
         WHERE d.time >= r.first_seen AND d.time - INTERVAL 7 DAY <= coalesce(r.ended_at, r.last_seen))
@@ -41,7 +46,9 @@ SELECT r.run_id, r.status, r.world_size,
 FROM runs r LEFT JOIN steps s USING (run_id)
 GROUP BY ALL ORDER BY r.last_seen DESC
 """
-"""``maybe_lost``: stream messages recorded lost (``data_loss``) while the run may have been
+"""``status``: ``lost`` for a running run with an open ``run_failed`` page for a rank that vanished
+(that page's ``value`` is the silence in seconds). ``maybe_lost``: stream messages recorded lost
+(``data_loss``) while the run may have been
 publishing: a lost message is at most ``stream.max_age_s`` (7 days by default) older than the
 moment its loss was found, and which run it belonged to is unknowable."""
 
