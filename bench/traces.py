@@ -355,7 +355,9 @@ def stall(seconds: float) -> Callable[[Trace, int, np.random.Generator], Fault]:
         _retime(trace)
         last = float(trace.ranks[0].time[at - 1])
         trace.silent.append((last, last + seconds))
-        return Fault("stall", f"{seconds / 60:g} min", "stall", at, _all(trace), 1, lead=1)
+        # Silent past run_failed's lost_after_s (10 min), a rank is presumed dead: that page is no false alarm.
+        also = ("run_failed",) if seconds > 600.0 else ()
+        return Fault("stall", f"{seconds / 60:g} min", "stall", at, _all(trace), 1, also=also, lead=1)
 
     return apply
 

@@ -105,11 +105,13 @@ def journaled() -> Iterator[list[Anomaly]]:
 class Episodes:
     """Open episodes of one detector, keyed by stream (or any key naming the culprit)."""
 
-    def __init__(self, detector: str, cooldown: int, *, unrecovered: Callable[[StreamKey], str] | None = None) -> None:
+    def __init__(
+        self, detector: str, cooldown: int, *, unrecovered: Callable[[StreamKey, int], str] | None = None
+    ) -> None:
         self.detector = detector
         self.cooldown = cooldown
         self.unrecovered = unrecovered
-        """Says why ``key``'s episode may not clear yet ("" when it may): a detector whose metric
+        """Says why ``key``'s episode may not clear yet at position ``at`` ("" when it may): a detector whose metric
         must be back near its level before the incident. Until then the episode stays open, and
         says so once (state ``degraded``)."""
         self._open: dict[tuple[str, int], _Episode] = {}
@@ -205,7 +207,7 @@ class Episodes:
         episode = self._open.get(key)
         if episode is None or at - episode.last_at < self.cooldown:
             return
-        why = self.unrecovered(key) if self.unrecovered is not None else ""
+        why = self.unrecovered(key, at) if self.unrecovered is not None else ""
         if why:
             if not episode.degraded:
                 episode.degraded = True

@@ -8,18 +8,20 @@ whose metric settled clearly worse stays open (state ``degraded``) instead of re
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 
 class Recovery:
     """The level before the open episode, and the median of the latest ``recent`` values."""
 
-    __slots__ = ("before", "recent", "since")
+    __slots__ = ("before", "positions", "since", "size", "values")
 
     def __init__(self, recent: int) -> None:
-        self.recent: deque[float] = deque(maxlen=recent)
+        self.size = recent
+        self.positions = np.empty(0, dtype=np.int64)
+        self.values = np.empty(0)
+        """The latest finite values and their positions: the last batch's and ``recent`` before it,
+        so any position of the batch being judged can look back ``recent`` values."""
         self.before = float("nan")
         """The metric's level when the open episode began (NaN: none noted)."""
         self.since = -1
@@ -28,18 +30,25 @@ class Recovery:
     def opened(self, level: float, step: int) -> None:
         self.before, self.since = level, step
 
-    def push(self, values: np.ndarray) -> None:
-        finite = values[np.isfinite(values)]
-        self.recent.extend(finite[-(self.recent.maxlen or 0) :].tolist())
+    def push(self, positions: np.ndarray, values: np.ndarray) -> None:
+        finite = np.isfinite(values)
+        keep = int(finite.sum()) + self.size
+        self.positions = np.concatenate([self.positions, positions[finite]])[-keep:]
+        self.values = np.concatenate([self.values, values[finite]])[-keep:]
 
-    def unrecovered(self, ratio: float, what: str) -> str:
-        """Why the episode may not clear ("" when the recent median is within ``ratio`` x the level before)."""
-        if not self.recent or not self.before > 0:
+    def unrecovered(self, ratio: float, what: str, at: int) -> str:
+        """Why the episode may not clear at position ``at`` ("" when the median of the ``size`` values
+        up to ``at`` is within ``ratio`` x the level before). Only values up to ``at`` count, so the
+        answer does not depend on how far the batch being judged reaches."""
+        if not self.before > 0:
             return ""
-        now = float(np.median(self.recent))
+        upto = self.values[self.positions <= at][-self.size :]
+        if not len(upto):
+            return ""
+        now = float(np.median(upto))
         if now <= ratio * self.before:
             return ""
         return (
-            f"{what} settled at {now:.4g} (median of the last {len(self.recent)} steps), "
+            f"{what} settled at {now:.4g} (median of the last {len(upto)} steps), "
             f"{now / self.before:.1f}x its level {self.before:.4g} when this began at step {self.since}"
         )

@@ -4,6 +4,11 @@ Scoring is block-wise: each block of ``block`` values is judged against the wind
 stood before the block, then the block's acceptable values join the window. A value is
 therefore never judged against itself, a flagged or non-finite value never enters the
 baseline, and the cost is one median per block instead of one per value.
+
+Blocks are cut by the stream's own count of values, not by how they arrived: a block that a
+batch ends in the middle of stays open (its estimate kept, its values pending) until the next
+batch completes it. So the scores depend only on the sequence of values, never on the
+batching: replay (fixed batches) and live ingest (whatever one fetch held) judge alike.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ MAD_TO_SIGMA = 1.4826
 
 
 class Window:
-    """The last ``size`` accepted values (O(size) floats)."""
+    """The last ``size`` accepted values (O(size) floats), and the open block of :func:`robust_z`."""
 
-    __slots__ = ("_buf", "_n", "_pos", "rejected")
+    __slots__ = ("_buf", "_n", "_pos", "block_left", "estimate", "pending", "pending_keep", "rejected")
 
     def __init__(self, size: int) -> None:
         self._buf = np.empty(size, dtype=np.float64)
@@ -27,6 +32,13 @@ class Window:
         self._pos = 0
         self.rejected = 0
         """Values kept out by blocks that were mostly kept out (see ``readmit`` in :func:`robust_z`)."""
+        self.block_left = 0
+        """Values the open block still takes (0: none open)."""
+        self.estimate: tuple[float, float, float] | None = None
+        """The open block's (median, scale, 90th percentile), or None while warming up."""
+        self.pending: list[np.ndarray] = []
+        self.pending_keep: list[np.ndarray] = []
+        """The open block's values so far and which of them may join the window."""
 
     @property
     def size(self) -> int:
@@ -80,11 +92,13 @@ def fast_median(values: np.ndarray) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """Per value: robust z and the baseline (median, scale) it was judged against (NaN in warm-up)."""
+    """Per value: robust z and the baseline (median, scale, 90th percentile) it was judged against
+    (NaN in warm-up)."""
 
     z: np.ndarray
     median: np.ndarray
     scale: np.ndarray
+    upper: np.ndarray
 
 
 def robust_z(
@@ -118,31 +132,50 @@ def robust_z(
     z = np.full(n, np.nan)
     median = np.full(n, np.nan)
     scale = np.full(n, np.nan)
+    upper = np.full(n, np.nan)
     start = 0
     while start < n:
-        # Re-estimate often while the window fills, then every ``block`` values.
-        size = max(16, min(block, window.count))
-        if fill_block is not None and window.count < window.size:
-            size = min(size, max(1, fill_block))
-        stop = min(n, start + size)
+        if window.block_left == 0:
+            # Re-estimate often while the window fills, then every ``block`` values.
+            size = max(16, min(block, window.count))
+            if fill_block is not None and window.count < window.size:
+                size = min(size, max(1, fill_block))
+            window.block_left = size
+            window.estimate = None
+            if window.count >= warmup:
+                med, sc = window.median_scale(min_scale)
+                window.estimate = (med, sc, float(np.quantile(window.values, 0.9)))
+        stop = min(n, start + window.block_left)
         chunk = x[start:stop]
         keep = np.isfinite(chunk)
-        if window.count >= warmup:
-            med, sc = window.median_scale(min_scale)
+        if window.estimate is not None:
+            med, sc, high = window.estimate
             chunk_z = (chunk - med) / sc
-            z[start:stop], median[start:stop], scale[start:stop] = chunk_z, med, sc
+            z[start:stop], median[start:stop], scale[start:stop], upper[start:stop] = chunk_z, med, sc, high
             keep &= (np.abs(chunk_z) <= exclude_z) & (chunk - med <= exclude_above)
-        finite = np.isfinite(chunk)
-        kept_out = int(finite.sum() - keep.sum())
-        if kept_out * 2 <= finite.sum():  # mostly normal values: no lasting shift
-            window.rejected = 0
-        else:
-            window.rejected += kept_out
-            if window.rejected >= (readmit if readmit is not None else window.size // 2):
-                keep, window.rejected = finite, 0
-        window.push(chunk[keep])
+        window.pending.append(chunk)
+        window.pending_keep.append(keep)
+        window.block_left -= stop - start
+        if window.block_left == 0:
+            _close_block(window, readmit)
         start = stop
-    return Scored(z, median, scale)
+    return Scored(z, median, scale, upper)
+
+
+def _close_block(window: Window, readmit: int | None) -> None:
+    """The block is complete: its acceptable values join the window (or, after a lasting shift, all)."""
+    chunk = np.concatenate(window.pending)
+    keep = np.concatenate(window.pending_keep)
+    window.pending, window.pending_keep = [], []
+    finite = np.isfinite(chunk)
+    kept_out = int(finite.sum() - keep.sum())
+    if kept_out * 2 <= finite.sum():  # mostly normal values: no lasting shift
+        window.rejected = 0
+    else:
+        window.rejected += kept_out
+        if window.rejected >= (readmit if readmit is not None else window.size // 2):
+            keep, window.rejected = finite, 0
+    window.push(chunk[keep])
 
 
 def safe_log(values: np.ndarray) -> np.ndarray:

@@ -85,7 +85,7 @@ class Generalisation(StreamDetector[_Stream]):
     def forget_run(self, run_id: str) -> None:
         self._declared.pop(run_id, None)
 
-    def _unrecovered(self, key: StreamKey) -> str:
+    def _unrecovered(self, key: StreamKey, at: int) -> str:
         """The episode stays open while the validation loss stays above ``warn_ratio`` x its best."""
         state = self._streams.get(key)
         if state is None or not state.evals or not np.isfinite(state.best):
@@ -101,7 +101,7 @@ class Generalisation(StreamDetector[_Stream]):
             declared = start.config.get("val_metric") if isinstance(start.config, dict) else None
             if isinstance(declared, str) and declared:
                 self._declared[source.run_id] = declared
-        evals: dict[StreamKey, list[tuple[int, float, float]]] = {}
+        out: list[Anomaly] = []
         for key, st in streams(batch).items():
             state = self.state(key)
             names = (self._declared.get(key[0], ""), *s.metrics)
@@ -115,14 +115,16 @@ class Generalisation(StreamDetector[_Stream]):
             else:
                 state.train.extend(train.value[np.isfinite(train.value)].tolist())
                 continue
-            # Training values before each evaluation belong to that evaluation's interval.
+            # Training values before each evaluation belong to that evaluation's interval; each
+            # evaluation is judged as soon as its interval is closed (a batch may hold several).
             at = 0
             for step, value, time in zip(v.step.tolist(), v.value.tolist(), v.time.tolist(), strict=True):
                 cut = int(np.searchsorted(train.step, step, side="right"))
                 state.train.extend(train.value[at:cut][np.isfinite(train.value[at:cut])].tolist())
                 at = cut
-                evals.setdefault(key, []).append((step, value, time))
-                self._note_eval(state, step)
+                if step > state.last_eval:
+                    self._note_eval(state, step)
+                    out.extend(self._judge(key, state, step, value, time))
             state.train.extend(train.value[at:][np.isfinite(train.value[at:])].tolist())
         for source, event in batch.events:
             if event.kind != "eval" or event.step is None:
@@ -132,16 +134,10 @@ class Generalisation(StreamDetector[_Stream]):
             value = next(
                 (event.fields.get(n) for n in names if n and isinstance(event.fields.get(n), int | float)), None
             )
-            if value is not None and not any(step == event.step for step, _, _ in evals.get(key, [])):
-                self._note_eval(self.state(key), event.step)
-                evals.setdefault(key, []).append((event.step, float(value), event.time))
-        out: list[Anomaly] = []
-        for key, found in evals.items():
             state = self.state(key)
-            for step, value, time in sorted(found):
-                if step <= state.last_eval or not np.isfinite(value):
-                    continue
-                out.extend(self._judge(key, state, step, value, time))
+            if value is not None and np.isfinite(value) and event.step > state.last_eval:
+                self._note_eval(state, event.step)
+                out.extend(self._judge(key, state, event.step, float(value), event.time))
         return out
 
     @staticmethod

@@ -78,11 +78,6 @@ class GradSpike(MetricDetector[_Stream]):
 
     def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
         cfg = self.settings
-        # The window's upper level (p90) before this batch: the ratio rule is measured from it, so
-        # a norm that lives on two levels (PPO: ~0.6 on most updates, 15-25 when episodes end) is
-        # not a spike when it visits its upper one. A unimodal norm's p90 is ~1.5x its median.
-        held = state.window.values
-        upper = float(np.exp(np.quantile(held, 0.9))) if state.window.count >= cfg.warmup else np.nan
         scored = robust_z(
             state.window,
             safe_log(v.value),
@@ -92,6 +87,10 @@ class GradSpike(MetricDetector[_Stream]):
             fill_block=cfg.fill_block,
         )
         with np.errstate(invalid="ignore"):
+            # The window's upper level (p90) where the value was judged: the ratio rule is measured
+            # from it too, so a norm that lives on two levels (PPO: ~0.6 on most updates, 15-25 when
+            # episodes end) is not a spike when it visits its upper one (a unimodal p90 is ~1.5x its median).
+            upper = np.exp(scored.upper)
             ratio = v.value / np.exp(scored.median)
             # A non-finite norm is non_finite's alert, not a spike.
             big = ratio >= cfg.min_ratio

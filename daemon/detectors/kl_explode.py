@@ -95,11 +95,11 @@ class KlExplode(MetricDetector[_Stream]):
     def forget_run(self, run_id: str) -> None:
         self._targets.pop(run_id, None)
 
-    def _unrecovered(self, key: StreamKey) -> str:
+    def _unrecovered(self, key: StreamKey, at: int) -> str:
         state = self._streams.get(key)
         if state is None:
             return ""
-        why = state.recovery.unrecovered(self.settings.recover_ratio, "the KL")
+        why = state.recovery.unrecovered(self.settings.recover_ratio, "the KL", at)
         return f"{why}; the policy still moves far more per update than it did" if why else ""
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
@@ -142,7 +142,7 @@ class KlExplode(MetricDetector[_Stream]):
         if len(flagged) and not self.episodes.is_open(key):
             first = int(flagged[0])  # the usual level before the incident: what recovery is measured against
             state.recovery.opened(float(np.exp(scored.median[first])), int(v.step[first]))
-        state.recovery.push(v.value)
+        state.recovery.push(v.step, v.value)
         if negative:
             severity[-1] = max(severity[-1], WARN)
 

@@ -113,12 +113,13 @@ class LossSpike(MetricDetector[_Stream]):
         before = [value for at, value in state.lr if at <= step]
         return before[-1] if before else float("nan")
 
-    def _unrecovered(self, key: StreamKey) -> str:
+    def _unrecovered(self, key: StreamKey, at: int) -> str:
         cfg, state = self.settings, self._streams.get(key)
-        why = "" if state is None else state.recovery.unrecovered(cfg.recover_ratio, "the loss")
+        why = "" if state is None else state.recovery.unrecovered(cfg.recover_ratio, "the loss", at)
         if not why or state is None:
             return ""
-        now_lr = state.lr[-1][1] if state.lr else float("nan")
+        lrs = [value for step, value in state.lr if step <= at]
+        now_lr = lrs[-1] if lrs else float("nan")
         ratio = now_lr / state.pre_lr if state.pre_lr > 0 and now_lr > 0 else 1.0
         if ratio >= cfg.lr_jump or ratio <= 1 / cfg.lr_jump:
             why += (
@@ -144,11 +145,6 @@ class LossSpike(MetricDetector[_Stream]):
     def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:
         cfg = self.settings
         logged = safe_log(v.value)
-        # The window's upper level (its 90th percentile) before this batch: a loss that lives on
-        # several levels (PPO: ~0.5 on most updates, ~60-120 when episodes end) is not elevated
-        # by visiting its upper level; a unimodal loss's p90 is within ~15% of its median.
-        held = state.window.values
-        upper = float(np.exp(np.quantile(held, 0.9))) if state.window.count >= cfg.warmup else np.nan
         scored = robust_z(
             state.window,
             logged,
@@ -159,6 +155,10 @@ class LossSpike(MetricDetector[_Stream]):
         )
         early = self._early_max(state, v)
         with np.errstate(invalid="ignore"):
+            # The window's upper level (its 90th percentile) where the value was judged: a loss that
+            # lives on several levels (PPO: ~0.5 on most updates, ~60-120 when episodes end) is not
+            # elevated by visiting its upper level.
+            upper = np.exp(scored.upper)
             level = np.exp(scored.median)
             # Only a loss that lives on several levels (its p90 >= ``multi_level`` x its median) is
             # judged against its upper level; a unimodal one keeps its median (p90 within ~10%).
@@ -185,7 +185,7 @@ class LossSpike(MetricDetector[_Stream]):
             first = int(flagged[0])  # the level before the incident: what recovery is measured against
             state.recovery.opened(float(level[first]), int(v.step[first]))
             state.pre_lr = self._lr_at(state, int(v.step[first]) - LR_LEAD)
-        state.recovery.push(v.value)
+        state.recovery.push(v.step, v.value)
 
         def describe(i: int) -> Finding:
             value, step = float(v.value[i]), int(v.step[i])
