@@ -22,6 +22,7 @@ from trainvigil.daemon.store.responder import serve_queries
 from trainvigil.daemon.store.writer import Store
 from trainvigil.daemon.web.http import serve_http
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.settings import retrying
 
 log = structlog.get_logger("trainvigil.daemon")
 
@@ -105,28 +106,31 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
 
 
 async def _with_retries(call: Callable[[], Awaitable[object]], url: str, deadline_s: float) -> None:
-    """Start-up calls to a broker that may be (re)starting: retry until ``deadline_s``, then give up loudly.
+    """Start-up calls to a broker that may be (re)starting: retried under the one retry policy
+    until ``deadline_s``, then given up loudly.
 
     Raises:
         BrokerUnavailableError: the broker kept failing the call (no JetStream, or not ready).
     """
-    give_up = anyio.current_time() + deadline_s
-    attempt = 0
-    while True:
-        try:
-            with anyio.fail_after(max(0.1, give_up - anyio.current_time())):
-                await call()
-            return
-        except (nats.errors.Error, TimeoutError) as exc:
-            attempt += 1
-            if anyio.current_time() + 0.5 >= give_up:
-                raise BrokerUnavailableError(
-                    f"the NATS server at {url} did not set up the stream within {deadline_s:g} s "
-                    f"({_describe(exc)}); is JetStream enabled (nats-server -js)?",
-                    url=url,
-                ) from None
-            log.warning("broker_not_ready", error=repr(exc), attempt=attempt)
-            await anyio.sleep(0.5)
+    failures: list[BaseException] = []
+    retried = (nats.errors.Error, TimeoutError)
+    try:
+        with anyio.fail_after(deadline_s):
+            async for attempt in retrying(retried, attempts=None, wait_initial=0.25, wait_max=2.0):
+                with attempt:
+                    try:
+                        await call()
+                    except retried as exc:
+                        failures.append(exc)
+                        log.warning("broker_not_ready", error=repr(exc), attempt=len(failures))
+                        raise
+    except retried as exc:
+        last = failures[-1] if failures else exc
+        raise BrokerUnavailableError(
+            f"the NATS server at {url} did not set up the stream within {deadline_s:g} s "
+            f"({_describe(last)}); is JetStream enabled (nats-server -js)?",
+            url=url,
+        ) from None
 
 
 async def _watch_signals(ingest: Ingest) -> None:
