@@ -13,7 +13,6 @@ KINDS: tuple[str, ...] = ("metrics", "gil", "ckpt", "run", "hb")
 STREAM_SUBJECTS: list[str] = [f"{PREFIX}.*.{kind}" for kind in KINDS]
 """What the JetStream stream captures: agent data only, never alerts or control requests."""
 QUERY_SUBJECT = f"{PREFIX}.ctl.sql"
-CANARY_SUBJECT = f"{PREFIX}.ctl.canary"
 
 # Tokens that would make a run subject collide with alerts/control subjects.
 _RESERVED = frozenset({"alerts", "ctl", *KINDS})

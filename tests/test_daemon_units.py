@@ -525,6 +525,7 @@ def test_metrics_endpoint_serves_prometheus_text() -> None:
     metrics.events_ingested["heartbeat"] += 2
     metrics.dead_letters["malformed"] += 3
     metrics.consumer_lag = 17
+    metrics.last_commit = 1795000000.25
     metrics.batch_write_seconds.observe(0.003)
     status, headers, body = _split_response(respond("GET /metrics HTTP/1.1", metrics))
     assert status == "HTTP/1.1 200 OK"
@@ -533,6 +534,7 @@ def test_metrics_endpoint_serves_prometheus_text() -> None:
     assert 'vigil_events_ingested_total{kind="steps"} 40' in text
     assert 'vigil_events_ingested_total{kind="heartbeat"} 2' in text
     assert "vigil_consumer_lag 17" in text
+    assert "vigil_last_commit_timestamp_seconds 1795000000.250" in text
     assert 'vigil_dead_letters_total{reason="malformed"} 3' in text
     assert 'vigil_batch_write_seconds_bucket{le="0.0025"} 0' in text
     assert 'vigil_batch_write_seconds_bucket{le="0.005"} 1' in text

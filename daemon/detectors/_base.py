@@ -23,7 +23,6 @@ from trainvigil.daemon.detectors._series import StreamKey, Values, streams
 from trainvigil.schemas import Anomaly
 
 NONE, WARN, PAGE = 0, 1, 2
-SEVERITY_NAMES = {WARN: "warn", PAGE: "page"}
 
 
 class DetectorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
