@@ -8,6 +8,7 @@ on the network and never raise into the training loop; everything else happens o
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing.util
 import os
@@ -16,7 +17,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from concurrent.futures import Future
 from types import TracebackType
@@ -26,7 +27,7 @@ from trainvigil._version import __version__
 from trainvigil.schemas import Record, RunStart, Source
 from trainvigil.schemas.limits import MAX_TEXT
 
-from . import _crash, _current
+from . import _crash, _current, faults
 from ._drops import Drops
 from ._values import make_event, wire_text
 from .columnar import Entry
@@ -128,6 +129,17 @@ class Agent:
                 self._wake()
         else:
             self._full()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Declare a long phase without steps (``with vigil.phase("eval"):``): the daemon's ``hang``
+        detector allows it ``phase_max_s`` instead of paging a loop that stopped stepping. Two
+        ``phase`` events (``state`` start and end) at the last step logged; never raises."""
+        self.event("phase", step=self._last_step, name=name, state="start")
+        try:
+            yield
+        finally:
+            self.event("phase", step=self._last_step, name=name, state="end")
 
     def event(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
         """Record a run-level event: ``kind`` names it, ``step`` is an int or ``None``.
@@ -330,13 +342,16 @@ def init(
             ``flush_interval=0.5``.
 
     Raises:
-        ConfigError: an unknown option or an invalid value (before training starts).
+        ConfigError: an unknown option or an invalid value, or a malformed ``VIGIL_FAULT``
+            (before training starts; see :mod:`trainvigil.faults`).
     """
     opts, generated = resolve(run_id, rank, nats_url, options)
+    planned = faults.from_env()  # a malformed VIGIL_FAULT stops the run here, before anything starts
     if generated and opts.enabled:
         announce_run_id(opts.run_id)
     agent = Agent(opts)
     _current.set_to(agent)
+    faults.arm(planned, agent)
     return agent
 
 

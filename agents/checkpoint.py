@@ -33,7 +33,8 @@ from typing import Any
 from trainvigil.errors import CheckpointIntegrityError, ManifestMissingError
 from trainvigil.schemas import CheckpointDigest
 
-from . import _current
+from . import _current, faults
+from ._fault_hooks import corrupt_saved
 from .digest import StateDigest, digest, leaves
 
 log = logging.getLogger("trainvigil.checkpoint")
@@ -136,6 +137,9 @@ def save(
     agent = _current.get()
     if agent is not None:
         agent.publish(_record(d, os.fspath(path), step, "save"))
+    plan = faults.armed()  # None unless VIGIL_FAULT armed one
+    if plan is not None:
+        corrupt_saved(plan, path, step)
     return d
 
 

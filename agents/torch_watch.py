@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import faults
+from ._fault_hooks import TrainingFaults
 from ._parity import Parity, to_host
 from .agent import Agent, current_agent, init
 
@@ -121,6 +123,11 @@ class Watch:
         if scaler is not None:
             self._scaler_step = scaler.step
             scaler.step = self._scaled_step  # instance attribute: only this scaler, undone by remove()
+        plan = faults.armed()  # None unless VIGIL_FAULT armed one: then nothing more is hooked
+        if plan is not None:
+            sync = torch.cuda.synchronize if self._cuda else None
+            hooks = TrainingFaults(plan, optimizer, self._params, self._names, lambda: self.step, sync)
+            self._handles.extend(hooks.install())
         agent.before_close.append(self.flush)
 
     # ---- hooks (training thread) -----------------------------------------------------------
@@ -156,9 +163,11 @@ class Watch:
             return None, []
         parts, order = [], []
         target = next(iter(groups))[0]
-        for grads, names in groups.values():
-            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-            parts.append(torch.stack(norms).to(target, non_blocking=True))
+        for (_, dtype), (grads, names) in groups.items():
+            # Half-precision norms are taken in float32; float64 ones cannot be narrowed by the kernel.
+            wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
+            norms = torch._foreach_norm(grads, 2, dtype=wide)
+            parts.append(torch.stack(norms).to(target, dtype=torch.float32, non_blocking=True))
             order.extend(names)
         return (parts[0] if len(parts) == 1 else torch.cat(parts)), order
 

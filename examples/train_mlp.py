@@ -6,6 +6,7 @@ carries the held-out accuracy. Run it beside a daemon::
 
     vigil up &                                   # or: docker compose up -d
     VIGIL_RUN_ID=mlp-demo python examples/train_mlp.py --steps 300
+    VIGIL_FAULT=nan_grad@50 python examples/train_mlp.py   # a NaN gradient at step 50: a non_finite page
 
 Without a broker it still runs to completion: the agent never blocks the loop, and at exit
 it waits at most ``VIGIL_CLOSE_TIMEOUT`` seconds (default 10) to deliver what it holds.
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 import trainvigil
+import trainvigil.torch
 
 
 def make_data(n: int, w: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +101,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     with trainvigil.init() as vigil:
+        # Hooks the optimizer: lr and step time per step, and the faults VIGIL_FAULT arms (the
+        # script logs the clipped norm itself, so watch() does not compute one).
+        trainvigil.torch.watch(model, optimizer, grad_norm=False)
         for step in range(args.steps):
             idx = torch.randint(0, len(x_train), (args.batch_size,), generator=batches)
             s = train_step(model, optimizer, scheduler, x_train[idx], y_train[idx])

@@ -186,3 +186,28 @@ def test_an_error_run_end_pages_at_once_and_a_clean_one_never() -> None:
     assert [(a.rank, a.severity, a.step) for a in out] == [(0, "page", 99)]
     assert "RuntimeError: CUDA out of memory" in out[0].message
     assert det(IngestBatch(now=5000.0)) == [], "ended ranks are never lost"
+
+
+def test_a_declared_phase_spares_a_long_pause_and_a_reported_eval_does_not() -> None:
+    hang = _hang()
+    src = Source(run_id="run", rank=0)
+    hang(_steps(0, 0, 100, 0.0))
+    start = RunEvent(time=10.0, kind="phase", step=99, fields={"name": "checkpoint", "state": "start"})
+    hang(IngestBatch(events=[(src, start)], now=10.0))
+    for now in range(15, 300, 5):
+        assert hang(_beat(0, float(now), 99)) == [], "a declared checkpoint save of 5 minutes is no hang"
+    end = RunEvent(time=300.0, kind="phase", step=99, fields={"name": "checkpoint", "state": "end"})
+    assert hang(IngestBatch(events=[(src, end)], now=300.0)) == [], "the end of a phase is progress"
+    out = []
+    for now in range(305, 380, 5):
+        out += hang(_beat(0, float(now), 99))
+    assert [a.state for a in out] == ["open"], "60 s after the phase ended without a step: stuck"
+
+    reported = _hang()
+    reported(_steps(0, 0, 100, 0.0))
+    result = RunEvent(time=10.0, kind="eval", step=99, fields={"val_loss": 1.75})
+    reported(IngestBatch(events=[(src, result)], now=10.0))
+    out = []
+    for now in range(15, 90, 5):
+        out += reported(_beat(0, float(now), 99))
+    assert [a.state for a in out] == ["open"], "an eval that reports results is over: no phase"

@@ -74,6 +74,20 @@ def test_logs_grad_norm_lr_and_step_time_under_its_step_numbers() -> None:
     assert w.step == 105
 
 
+def test_a_float64_model_gets_its_grad_norm_too() -> None:
+    """``_foreach_norm`` cannot narrow float64 to float32: half precision is widened, float64 kept."""
+    torch.manual_seed(0)
+    model, agent = torch.nn.Linear(16, 1).double(), RecordingAgent()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = watch(model, opt, agent)  # type: ignore[arg-type]
+    opt.zero_grad()
+    model(torch.randn(8, 16, dtype=torch.float64)).pow(2).mean().backward()
+    reference = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None))
+    opt.step()
+    w.flush()
+    assert agent.logged[0]["grad_norm"] == pytest.approx(reference, rel=1e-5)
+
+
 def test_every_logs_only_every_kth_step_and_grad_norm_false_skips_the_reduction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

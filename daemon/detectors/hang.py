@@ -14,9 +14,11 @@ allocator pause) stay within a few p99s; 20 leaves room for rare long ones witho
 minutes on a fast loop, and ``min_seconds`` keeps slow loops (one step a minute) from paging
 on a normal step.
 
-Declared long phases do not page: an ``eval`` or ``checkpoint`` event (or the agent's
-``phase`` event) after the last step opens a phase, which may last ``phase_max_s`` before it
-counts as a hang itself. A new step ends it.
+Declared long phases do not page: ``with vigil.phase("eval"):`` (a ``phase`` event with
+``state`` ``start``/``end``), or a bare ``eval``/``checkpoint`` announcement after the last
+step, opens a phase, which may last ``phase_max_s`` before it counts as a hang itself; its end
+or a new step closes it. An ``eval`` event that reports results (``val_loss=...``) tells of an
+evaluation that is over, so it opens nothing (a real GPT run's loop hung right after one).
 
 The message says where the other ranks of the run are (all stuck at the same step: a
 collective or a shared resource; one stuck: that rank) and, when the agent sent one, the
@@ -104,6 +106,17 @@ class Hang(StreamDetector[_Stream]):
         state.last_step, state.progress_at, state.phase, state.stack = step, now, "", []
         return self.episodes.quiet(key, step + 1, now)
 
+    @staticmethod
+    def _phase(state: _Stream, kind: str, fields: dict[str, object], now: float) -> None:
+        """An announcement opens a phase (``state = "start"``, or an ``eval``/``checkpoint`` event with
+        no fields); ``state = "end"`` closes it. An ``eval`` event that reports results (a
+        validation loss) tells of an evaluation already over: no phase."""
+        mark = fields.get("state")
+        if mark == "end":
+            state.phase, state.progress_at = "", now  # the loop moved on: the bound starts again
+        elif mark == "start" or not fields:
+            state.phase, state.progress_at = str(fields.get("name") or kind), now
+
     def limit(self, state: _Stream) -> tuple[float, str]:
         """Seconds without progress that make a hang, and how that bound was reached."""
         s = self.settings
@@ -141,10 +154,7 @@ class Hang(StreamDetector[_Stream]):
         for source, event in batch.events:
             state = self._streams.get((source.run_id, source.rank))
             if state is not None and event.kind in PHASE_TAGS and (event.step is None or event.step >= state.last_step):
-                name = event.fields.get("name") if event.kind == "phase" else event.kind
-                state.phase = str(name or event.kind)
-                if event.kind == "phase" and event.fields.get("state") == "end":
-                    state.phase = ""
+                self._phase(state, event.kind, event.fields, now)
         for source, end in batch.run_ends:
             key = (source.run_id, source.rank)
             self._streams.pop(key, None)
