@@ -103,8 +103,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         memory_limit_bytes: DuckDB's memory (its buffer pool, inserts and queries together);
             a query that needs more spills to the temp directory or fails with an
             out-of-memory answer, and ingest waits for the memory instead of losing anything.
-            With the ingest pipeline's bounded fetches it keeps the daemon within ~512 MiB
-            under any flood. 0: DuckDB's default (80% of the machine's memory).
+            0: DuckDB's default (80% of the machine's memory).
     """
 
     min_free_bytes: int = 256 * 2**20

@@ -228,6 +228,7 @@ class Ingest:
         batch.max_seq = seq.next_seq - 1
         batch.now = time.time()
         batch.anomalies.extend(detectors.run_all(self.detectors, batch))
+        batch.cache.clear()  # the detectors' merged views: not needed to store the batch, and as large
         await send.send(Fetched(batch, msgs, lag))
 
     async def _idle(self, seq: Sequencer, send: MemoryObjectSendStream[Fetched], drain: bool) -> bool:
