@@ -15,7 +15,7 @@ from trainvigil.daemon.batch.from_arrays import Metric, batch_of, chunks, step_c
 from trainvigil.daemon.cli.replay import read_recording, replay_table
 from trainvigil.daemon.config import load
 from trainvigil.daemon.detectors._base import PAGE, WARN, Episodes, Finding
-from trainvigil.daemon.detectors._robust import Window, consecutive, fast_median, robust_z
+from trainvigil.daemon.detectors._robust import Window, consecutive, fast_median, fast_quantile, robust_z
 from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, Source
 
 N = 3000
@@ -72,6 +72,13 @@ def test_window_keeps_only_the_last_values_across_wraparound() -> None:
     assert sorted(w.values) == [2.0, 3.0, 4.0, 5.0, 6.0]
     w.push(np.arange(100.0, 110.0))
     assert sorted(w.values) == [105.0, 106.0, 107.0, 108.0, 109.0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 256, 255])
+@pytest.mark.parametrize("q", [0.1, 0.5, 0.9, 0.99])
+def test_fast_quantile_equals_numpy(n: int, q: float) -> None:
+    values = rng(n).normal(size=n)
+    assert fast_quantile(values, q) == pytest.approx(float(np.quantile(values, q)))
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 256, 255])

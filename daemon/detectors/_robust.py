@@ -90,6 +90,15 @@ def fast_median(values: np.ndarray) -> float:
     return float(part[k - 1] + part[k]) / 2
 
 
+def fast_quantile(values: np.ndarray, q: float) -> float:
+    """``np.quantile(values, q)`` (linear interpolation) with one partition: ~10x cheaper on small windows."""
+    position = q * (len(values) - 1)
+    lo = int(position)
+    hi = min(lo + 1, len(values) - 1)
+    part = np.partition(values, (lo, hi))
+    return float(part[lo] + (part[hi] - part[lo]) * (position - lo))
+
+
 @dataclass(frozen=True, slots=True)
 class Scored:
     """Per value: robust z and the baseline (median, scale, 90th percentile) it was judged against
@@ -144,7 +153,7 @@ def robust_z(
             window.estimate = None
             if window.count >= warmup:
                 med, sc = window.median_scale(min_scale)
-                window.estimate = (med, sc, float(np.quantile(window.values, 0.9)))
+                window.estimate = (med, sc, fast_quantile(window.values, 0.9))
         stop = min(n, start + window.block_left)
         chunk = x[start:stop]
         keep = np.isfinite(chunk)

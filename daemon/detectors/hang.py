@@ -40,6 +40,9 @@ from trainvigil.daemon.detectors._lifecycle import latest_time
 from trainvigil.daemon.detectors._series import PAUSE_TAGS, StreamKey, streams
 from trainvigil.schemas import Anomaly
 
+SWEEP_S = 1.0
+"""Live streams are swept for silence at most this often (daemon clock)."""
+
 PHASE_TAGS = (*PAUSE_TAGS, "phase")
 """Events that open a declared long phase (ended by the next step)."""
 
@@ -96,6 +99,7 @@ class Hang(StreamDetector[_Stream]):
     def __init__(self, settings: HangSettings) -> None:
         super().__init__(settings, cooldown=1)
         self._clock = float("-inf")
+        self._next_sweep = float("-inf")
 
     def new_state(self) -> _Stream:
         return _Stream()
@@ -159,6 +163,9 @@ class Hang(StreamDetector[_Stream]):
             key = (source.run_id, source.rank)
             self._streams.pop(key, None)
             out.extend(self.episodes.quiet(key, 2**62, end.time))
+        if now < self._next_sweep:  # silence is judged to the second: not on every batch of a busy fleet
+            return out
+        self._next_sweep = now + SWEEP_S
         for key, state in self._streams.items():
             if state.last_step < 0 or now - state.heartbeat_at > self.settings.alive_s:
                 continue  # nothing to measure yet, or not alive: that is stall's

@@ -26,6 +26,9 @@ from trainvigil.daemon.detectors._lifecycle import latest_time
 from trainvigil.daemon.detectors._series import streams
 from trainvigil.schemas import Anomaly
 
+SWEEP_S = 1.0
+"""Live streams are swept for silence at most this often (daemon clock)."""
+
 
 class StallSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     factor: float = 5.0
@@ -52,6 +55,7 @@ class Stall(StreamDetector[_Stream]):
     def __init__(self, settings: StallSettings) -> None:
         super().__init__(settings, cooldown=1)
         self._clock = float("-inf")
+        self._next_sweep = float("-inf")
 
     def new_state(self) -> _Stream:
         return _Stream()
@@ -78,6 +82,9 @@ class Stall(StreamDetector[_Stream]):
             key = (source.run_id, source.rank)
             self._streams.pop(key, None)
             out.extend(self.episodes.quiet(key, 2**62, end.time))
+        if now < self._next_sweep:  # silence is judged to the second: not on every batch of a busy fleet
+            return out
+        self._next_sweep = now + SWEEP_S
         for key, state in self._streams.items():
             limit = max(self.settings.factor * state.longest, self.settings.min_seconds)
             silent = now - state.seen
