@@ -189,3 +189,17 @@ def test_vigil_replay_exits_2_on_a_missing_or_bad_file(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "missing column(s) run_id, rank" in refused.stderr
     not_parquet = _vigil("replay", str(bad), "--format", "parquet")
     assert not_parquet.returncode == 2 and "not a readable parquet file" in not_parquet.stderr
+
+
+def test_vigil_replay_of_a_directory_carries_its_events_and_heartbeats() -> None:
+    """A directory of steps/events/heartbeats Parquet (a corpus run, or ``vigil export`` of each
+    table): its heartbeats show the hung loop was alive, so ``hang`` pages; without them it cannot."""
+    run = Path(__file__).parent / "data" / "corpus" / "gpt-hang"
+    out = subprocess.run(
+        [sys.executable, "-m", "trainvigil.daemon.cli", "replay", str(run)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    found = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    assert any(f["detector"] == "hang" and f["state"] == "open" and f["severity"] == "page" for f in found)
+    steps_only = replay_table(read_recording(run / "steps.parquet"))
+    assert all(a.detector != "hang" for a in steps_only)

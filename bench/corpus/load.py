@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trainvigil.daemon.cli.replay import RunRecord
-from trainvigil.schemas import Heartbeat, RunEnd, RunEvent, RunStart, Source
+from trainvigil.daemon.cli.replay import RunRecord, read_records
+from trainvigil.schemas import Source
 
 from ._export import TABLES
 from .manifest import FILE
@@ -97,30 +97,7 @@ class Run:
 
     def records(self) -> list[tuple[Source, RunRecord]]:
         """The run's recorded run records (starts, events, ends, heartbeats) as the wire carried them."""
-        world = int(self.manifest["ranks"])
-        out: list[tuple[Source, RunRecord]] = []
-        for row in self.table("events").to_pylist():
-            source = Source(run_id=row["run_id"], rank=row["rank"], world_size=world)
-            fields = json.loads(row["fields"]) if row["fields"] else {}
-            record: RunRecord
-            if row["kind"] == "run_start":
-                record = RunStart(time=row["time"], config=fields.get("config") or {})
-            elif row["kind"] == "run_end":
-                record = RunEnd(
-                    time=row["time"], status=fields.get("status", "ok"), last_step=row["step"],
-                    dropped=fields.get("dropped") or {},
-                )  # fmt: skip
-            else:
-                record = RunEvent(time=row["time"], kind=row["kind"], step=row["step"], fields=fields)
-            out.append((source, record))
-        for row in self.table("heartbeats").to_pylist():
-            source = Source(run_id=row["run_id"], rank=row["rank"], world_size=world)
-            beat = Heartbeat(
-                time=row["time"], last_step=row["last_step"], buffered=row["buffered"] or 0,
-                connected=bool(row["connected"]),
-            )  # fmt: skip
-            out.append((source, beat))
-        return out
+        return read_records(self.table("events"), self.table("heartbeats"), int(self.manifest["ranks"]))
 
 
 def runs(root: Path = CORPUS) -> list[Run]:

@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TextIO, TypeAlias
 
@@ -316,8 +317,58 @@ def replay_table(
     return found
 
 
+def _seconds(value: object) -> float:
+    """A time cell as Unix seconds: a number, or a timestamp (``vigil export`` writes TIMESTAMPTZ)."""
+    return value.timestamp() if isinstance(value, datetime) else float(value)  # type: ignore[arg-type]
+
+
+def read_records(
+    events: pa.Table | None, heartbeats: pa.Table | None, world: int = 1
+) -> list[tuple[Source, RunRecord]]:
+    """Run records from tables shaped like the history's ``events`` and ``heartbeats`` (what
+    ``vigil export --table events|heartbeats`` writes): starts, events, ends, heartbeats."""
+    out: list[tuple[Source, RunRecord]] = []
+    for row in events.to_pylist() if events is not None else []:
+        source = Source(run_id=row["run_id"], rank=row["rank"], world_size=world)
+        fields = json.loads(row["fields"]) if row.get("fields") else {}
+        t = _seconds(row["time"])
+        record: RunRecord
+        if row["kind"] == "run_start":
+            record = RunStart(time=t, config=fields.get("config") or {})
+        elif row["kind"] == "run_end":
+            record = RunEnd(
+                time=t, status=fields.get("status", "ok"), error=fields.get("error", ""), last_step=row["step"],
+                dropped=fields.get("dropped") or {},
+            )  # fmt: skip
+        else:
+            record = RunEvent(time=t, kind=row["kind"], step=row["step"], fields=fields)
+        out.append((source, record))
+    for row in heartbeats.to_pylist() if heartbeats is not None else []:
+        source = Source(run_id=row["run_id"], rank=row["rank"], world_size=world)
+        beat = Heartbeat(
+            time=_seconds(row["time"]), last_step=row.get("last_step"), buffered=row.get("buffered") or 0,
+            connected=bool(row.get("connected", True)),
+        )  # fmt: skip
+        out.append((source, beat))
+    return out
+
+
+def read_directory(path: Path) -> tuple[pa.Table, list[tuple[Source, RunRecord]]]:
+    """A directory holding ``steps.parquet`` and, optionally, ``events.parquet`` and
+    ``heartbeats.parquet`` (``vigil export`` of each table, or a corpus run)."""
+    steps = read_recording(path / "steps.parquet", "parquet")
+    files = {name: path / f"{name}.parquet" for name in ("events", "heartbeats")}
+    tables = {name: pq.read_table(file) for name, file in files.items() if file.is_file()}
+    return steps, read_records(tables.get("events"), tables.get("heartbeats"))
+
+
 def replay_file(path: str | Path, fmt: str | None, config: DaemonConfig, out: TextIO) -> int:
-    """``vigil replay``: one JSON line per alert update on ``out``; returns how many."""
-    found = replay_table(read_recording(path, fmt), config)
+    """``vigil replay``: one JSON line per alert update on ``out``; returns how many. A directory
+    replays its ``steps.parquet`` with the run records of its ``events``/``heartbeats`` files."""
+    if Path(path).is_dir():
+        steps, records = read_directory(Path(path))
+        found = replay_table(steps, config, records=records)
+    else:
+        found = replay_table(read_recording(path, fmt), config)
     out.write(render(as_result(found, REPLAY_FIELDS), "json"))
     return len(found)
