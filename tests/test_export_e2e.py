@@ -9,12 +9,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from support import Daemon, NatsServer, expected_loss, finish, run_producer, wait_for
 
 from trainvigil.daemon.cli.main import EXIT_OK, EXIT_USAGE
+from trainvigil.daemon.cli.replay import batches, read_directory
+from trainvigil.schemas import Heartbeat, RunEnd
 from trainvigil.schemas.records import KNOWN_METRICS
 
 STEPS, RANKS = 1500, 2  # 3000 rows against a row limit of 1000: at least three pages, split across ranks
@@ -144,3 +147,31 @@ def test_export_usage_errors_and_help(tmp_path: Path) -> None:
     ]:
         done = _vigil("export", "ex", *args, "--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path))
         assert done.returncode == EXIT_USAGE and says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_an_exported_run_replays_with_its_events_and_heartbeats(
+    small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """``vigil export`` of steps, events and heartbeats into one directory, then ``vigil replay DIR``:
+    the timestamps and the ``extra`` map come back as replay reads them, and the run ends as recorded."""
+    run = tmp_path / "ex"
+    run.mkdir()
+    for table in ("steps", "events", "heartbeats"):
+        target = run / f"{table}.parquet"
+        done = _vigil(
+            "export", "ex", "--table", table, "--format", "parquet", "-o", str(target), "--nats", nats_server.url
+        )
+        assert done.returncode == EXIT_OK, done.stderr
+    replayed = _vigil("replay", str(run))
+    assert replayed.returncode == EXIT_OK, replayed.stderr
+    steps, records = read_directory(run)
+    assert steps.num_rows == STEPS * RANKS
+    (part,) = [p for p in next(batches(steps, batch_steps=STEPS * 2, records=records)).steps if p.source.rank == 0]
+    sql = "select epoch_us(time) from steps where run_id = 'ex' and rank = 0 order by step limit 1000"
+    stored = [row[0] / 1e6 for row in small_daemon.sql(sql).rows]
+    assert np.allclose(part.times[:1000], stored, rtol=0, atol=1e-6), "timestamps as Unix seconds"
+    assert part.known["loss"][0][:3].tolist() == [expected_loss(0, s) for s in range(3)]
+    ends = sorted((source.rank, record.status) for source, record in records if isinstance(record, RunEnd))
+    assert ends == [(0, "ok"), (1, "ok")], "each rank ends when its recorded run_end says"
+    beats = [record for _, record in records if isinstance(record, Heartbeat)]
+    assert beats and all(b.last_step is None or b.last_step < STEPS for b in beats)

@@ -142,6 +142,18 @@ def _column(table: pa.Table, name: str, kind: pa.DataType, *, nullable: bool) ->
         raise ReplayError(f"column {name!r} ({column.type}) must hold {what}: {exc}; fix or drop the column") from None
 
 
+def _flattened(table: pa.Table) -> pa.Table:
+    """A MAP column of custom metrics (``steps.extra``, as ``vigil export`` writes it) as one column per key."""
+    for name in [n for n in table.column_names if pa.types.is_map(table[n].type)]:
+        maps = table[name].combine_chunks()
+        table = table.drop_columns([name])
+        for key in pc.unique(maps.keys).to_pylist():
+            if key is not None and key not in table.column_names:
+                value = pc.map_lookup(maps, pa.scalar(key, maps.type.key_type), "last")
+                table = table.append_column(key, value)
+    return table
+
+
 def _normalised(table: pa.Table) -> pa.Table:
     """The recording with checked types (run_id text, rank/step int64, the rest float64), sorted."""
     missing = [name for name in REQUIRED if name not in table.column_names]
@@ -150,6 +162,7 @@ def _normalised(table: pa.Table) -> pa.Table:
             f"missing column(s) {', '.join(missing)}; a recording needs run_id, rank, step and metric columns "
             f"(found: {', '.join(table.column_names) or 'none'})"
         )
+    table = _flattened(table)
     metrics = [name for name in table.column_names if name not in (*REQUIRED, "time")]
     if not metrics:
         raise ReplayError("no metric columns besides run_id, rank, step and time: nothing to replay")
@@ -159,6 +172,10 @@ def _normalised(table: pa.Table) -> pa.Table:
         "step": _column(table, "step", pa.int64(), nullable=False),
     }
     if "time" in table.column_names:
+        time = table["time"]
+        if pa.types.is_timestamp(time.type):  # ``vigil export`` writes TIMESTAMPTZ: Unix seconds here
+            micros = pc.cast(pc.cast(time, pa.timestamp("us", tz=time.type.tz)), pa.int64())
+            table = table.set_column(table.column_names.index("time"), "time", pc.divide(micros, 1e6))
         columns["time"] = _column(table, "time", pa.float64(), nullable=False)
     columns.update({name: _column(table, name, pa.float64(), nullable=True) for name in metrics})
     # Arrow's sort is stable: rows of one step keep their file order (a later row wins, as live).
