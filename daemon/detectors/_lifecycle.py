@@ -41,8 +41,8 @@ class RunTracker:
         self.idle_forget_s = idle_forget_s
         self._live: dict[str, dict[int, float]] = {}
         """run → rank → clock of the stream's latest record."""
-        self._clock = -math.inf
-        self._next_sweep = -math.inf
+        self._clock = Clock()
+        self._sweeps = Sweeper(idle_forget_s / 4)
 
     def __len__(self) -> int:
         """Live runs."""
@@ -54,7 +54,7 @@ class RunTracker:
 
     def observe(self, batch: IngestBatch) -> Expired:
         """Note the batch's records; the streams and runs that ended with it or went idle."""
-        clock = self._clock = max(self._clock, batch.now if batch.now is not None else latest_time(batch))
+        clock = self._clock.advance(batch)
         live = self._live
         sources = [part.source for part in batch.steps]
         for records in (batch.run_starts, batch.events, batch.heartbeats, batch.gil_samples, batch.checkpoints):
@@ -67,8 +67,7 @@ class RunTracker:
         expired = Expired()
         if batch.run_ends:
             self._end(batch, expired)
-        if clock >= self._next_sweep and math.isfinite(clock):
-            self._next_sweep = clock + self.idle_forget_s / 4
+        if math.isfinite(clock) and self._sweeps.due(clock):
             self._sweep(clock - self.idle_forget_s, expired)
         return expired
 
@@ -101,6 +100,36 @@ class RunTracker:
             if not ranks:
                 del self._live[run_id]
                 expired.runs.append(run_id)
+
+
+class Clock:
+    """The clock silence is measured on: ``batch.now`` live, the latest record time in replay
+    (where there is no wall clock); it never runs backwards."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = -math.inf
+
+    def advance(self, batch: IngestBatch) -> float:
+        self.now = max(self.now, batch.now if batch.now is not None else latest_time(batch))
+        return self.now
+
+
+class Sweeper:
+    """When a sweep over every live stream is due: at most once per ``every`` seconds of a :class:`Clock`."""
+
+    __slots__ = ("_next", "every")
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._next = -math.inf
+
+    def due(self, now: float) -> bool:
+        if now < self._next:
+            return False
+        self._next = now + self.every
+        return True
 
 
 def latest_time(batch: IngestBatch) -> float:

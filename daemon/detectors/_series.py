@@ -21,6 +21,13 @@ StreamKey = tuple[str, int]
 PAUSE_TAGS: tuple[str, ...] = ("checkpoint", "eval")
 RL_METRICS: tuple[str, ...] = ("reward", "kl", "entropy")
 """A stream that logs any of these is an RL run: its loss and grad-norm levels follow the return."""
+
+
+def is_rl(steps: StreamSteps) -> bool:
+    """The stream logs an RL metric (see ``RL_METRICS``)."""
+    return any(name in steps.columns for name in RL_METRICS)
+
+
 """A step carrying a non-zero value under one of these names (or an event of that kind) is a pause."""
 
 

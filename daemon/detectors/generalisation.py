@@ -35,6 +35,7 @@ import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import NONE, PAGE, WARN, DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._declared import Declared, a_name
 from trainvigil.daemon.detectors._series import StreamKey, streams
 from trainvigil.schemas import Anomaly
 
@@ -76,14 +77,13 @@ class Generalisation(StreamDetector[_Stream]):
     def __init__(self, settings: GeneralisationSettings) -> None:
         super().__init__(settings, cooldown=1)
         self.episodes.unrecovered = self._unrecovered
-        self._declared: dict[str, str] = {}
-        """run → the validation metric its ``run_start`` config declared."""
+        self._declared = Declared("val_metric", a_name)
 
     def new_state(self) -> _Stream:
         return _Stream()
 
     def forget_run(self, run_id: str) -> None:
-        self._declared.pop(run_id, None)
+        self._declared.forget(run_id)
 
     def _unrecovered(self, key: StreamKey, at: int) -> str:
         """The episode stays open while the validation loss stays above ``warn_ratio`` x its best."""
@@ -97,10 +97,7 @@ class Generalisation(StreamDetector[_Stream]):
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         s = self.settings
-        for source, start in batch.run_starts:
-            declared = start.config.get("val_metric") if isinstance(start.config, dict) else None
-            if isinstance(declared, str) and declared:
-                self._declared[source.run_id] = declared
+        self._declared.note(batch)
         out: list[Anomaly] = []
         for key, st in streams(batch).items():
             state = self.state(key)
@@ -123,7 +120,6 @@ class Generalisation(StreamDetector[_Stream]):
                 state.train.extend(train.value[at:cut][np.isfinite(train.value[at:cut])].tolist())
                 at = cut
                 if step > state.last_eval:
-                    self._note_eval(state, step)
                     out.extend(self._judge(key, state, step, value, time))
             state.train.extend(train.value[at:][np.isfinite(train.value[at:])].tolist())
         for source, event in batch.events:
@@ -136,19 +132,14 @@ class Generalisation(StreamDetector[_Stream]):
             )
             state = self.state(key)
             if value is not None and np.isfinite(value) and event.step > state.last_eval:
-                self._note_eval(state, event.step)
                 out.extend(self._judge(key, state, event.step, float(value), event.time))
         return out
 
-    @staticmethod
-    def _note_eval(state: _Stream, step: int) -> None:
-        """Close the training interval that ends at this evaluation (once per evaluation step)."""
-        if step > state.last_eval and (not state.evals or state.evals[-1][0] != step):
-            state.train_meds.append(float(np.median(state.train)) if state.train else float("nan"))
-            state.train.clear()
-
     def _judge(self, key: StreamKey, state: _Stream, step: int, value: float, time: float) -> list[Anomaly]:
         s = self.settings
+        # The training interval that ends at this evaluation closes here (callers pass each evaluation once).
+        state.train_meds.append(float(np.median(state.train)) if state.train else float("nan"))
+        state.train.clear()
         state.last_eval = step
         state.evals.append((step, value))
         state.judged += 1

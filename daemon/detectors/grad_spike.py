@@ -22,7 +22,7 @@ import numpy as np
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from trainvigil.daemon.detectors._robust import Window, robust_z, safe_log
-from trainvigil.daemon.detectors._series import RL_METRICS, StreamKey, Values, streams
+from trainvigil.daemon.detectors._series import StreamKey, Values, is_rl, streams
 from trainvigil.schemas import Anomaly
 
 
@@ -58,7 +58,7 @@ class _Stream:
         self.window = Window(cfg.window)
         self.watermark = -(2**63)
         self.rl = False
-        """The stream logs RL metrics (see ``loss_spike.RL_METRICS``)."""
+        """The stream logs RL metrics (``_series.is_rl``)."""
         self.recent = np.empty(0)
         """The last ``RECENT`` finite values before this batch."""
 
@@ -72,7 +72,7 @@ class GradSpike(MetricDetector[_Stream]):
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         for key, steps in streams(batch).items():
-            if any(name in steps.columns for name in RL_METRICS):
+            if is_rl(steps):
                 self.state(key).rl = True
         return super().__call__(batch)
 

@@ -36,7 +36,8 @@ import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
-from trainvigil.daemon.detectors._lifecycle import latest_time
+from trainvigil.daemon.detectors._lifecycle import Clock, Sweeper
+from trainvigil.daemon.detectors._robust import Window, fast_quantile
 from trainvigil.daemon.detectors._series import PAUSE_TAGS, StreamKey, streams
 from trainvigil.schemas import Anomaly
 
@@ -61,7 +62,7 @@ class HangSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
 
 
 class _Stream:
-    __slots__ = ("filled", "heartbeat_at", "intervals", "last_step", "last_time", "phase", "progress_at", "stack")
+    __slots__ = ("heartbeat_at", "intervals", "last_step", "last_time", "phase", "progress_at", "stack")
 
     def __init__(self) -> None:
         self.last_step = -1
@@ -70,24 +71,15 @@ class _Stream:
         self.progress_at = float("nan")
         """Daemon time the step counter last advanced."""
         self.heartbeat_at = float("-inf")
-        self.intervals = np.zeros(_WINDOW)
-        self.filled = 0
+        self.intervals = Window(_WINDOW)
+        """The latest step intervals."""
         self.phase = ""
         """A declared long phase since the last step ("" when none)."""
         self.stack: list[str] = []
 
-    def add_intervals(self, intervals: np.ndarray) -> None:
-        """Keep the latest ``_WINDOW`` intervals (a ring)."""
-        chunk = intervals[-_WINDOW:]
-        at = self.filled % _WINDOW
-        first = min(len(chunk), _WINDOW - at)
-        self.intervals[at : at + first] = chunk[:first]
-        self.intervals[: len(chunk) - first] = chunk[first:]
-        self.filled += len(chunk)
-
     def p99(self) -> float | None:
-        n = min(self.filled, _WINDOW)
-        return float(np.quantile(self.intervals[:n], 0.99)) if n >= _MIN_INTERVALS else None
+        n = self.intervals.count
+        return fast_quantile(self.intervals.values, 0.99) if n >= _MIN_INTERVALS else None
 
 
 class Hang(StreamDetector[_Stream]):
@@ -98,8 +90,8 @@ class Hang(StreamDetector[_Stream]):
 
     def __init__(self, settings: HangSettings) -> None:
         super().__init__(settings, cooldown=1)
-        self._clock = float("-inf")
-        self._next_sweep = float("-inf")
+        self._clock = Clock()
+        self._sweeps = Sweeper(SWEEP_S)
 
     def new_state(self) -> _Stream:
         return _Stream()
@@ -133,14 +125,13 @@ class Hang(StreamDetector[_Stream]):
         return s.factor * p99, f"{s.factor:g} x its p99 step time {p99:.2g}s"
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        self._clock = max(self._clock, batch.now if batch.now is not None else latest_time(batch))
-        now = self._clock
+        now = self._clock.advance(batch)
         out: list[Anomaly] = []
         for key, s in streams(batch).items():
             state = self.state(key)
             before = state.last_time if np.isfinite(state.last_time) else s.time[0]
             intervals = np.diff(s.time, prepend=before)[~s.paused]
-            state.add_intervals(intervals[np.isfinite(intervals) & (intervals >= 0)])
+            state.intervals.push(intervals[np.isfinite(intervals) & (intervals >= 0)])
             state.last_time = float(s.time[-1])
             if not np.isfinite(state.progress_at):
                 state.progress_at = now
@@ -163,9 +154,8 @@ class Hang(StreamDetector[_Stream]):
             key = (source.run_id, source.rank)
             self._streams.pop(key, None)
             out.extend(self.episodes.quiet(key, 2**62, end.time))
-        if now < self._next_sweep:  # silence is judged to the second: not on every batch of a busy fleet
+        if not self._sweeps.due(now):  # silence is judged to the second: not on every batch of a busy fleet
             return out
-        self._next_sweep = now + SWEEP_S
         for key, state in self._streams.items():
             if state.last_step < 0 or now - state.heartbeat_at > self.settings.alive_s:
                 continue  # nothing to measure yet, or not alive: that is stall's

@@ -27,6 +27,7 @@ import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
+from trainvigil.daemon.detectors._declared import Declared, a_positive_number
 from trainvigil.daemon.detectors._recovery import Recovery
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
 from trainvigil.daemon.detectors._series import StreamKey, Values
@@ -86,14 +87,13 @@ class KlExplode(MetricDetector[_Stream]):
     def __init__(self, settings: KlExplodeSettings) -> None:
         super().__init__(settings)
         self.episodes.unrecovered = self._unrecovered
-        self._targets: dict[str, float] = {}
-        """run → the ``target_kl`` its ``run_start`` config declared."""
+        self._targets = Declared("target_kl", a_positive_number)
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)
 
     def forget_run(self, run_id: str) -> None:
-        self._targets.pop(run_id, None)
+        self._targets.forget(run_id)
 
     def _unrecovered(self, key: StreamKey, at: int) -> str:
         state = self._streams.get(key)
@@ -103,10 +103,7 @@ class KlExplode(MetricDetector[_Stream]):
         return f"{why}; the policy still moves far more per update than it did" if why else ""
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        for source, start in batch.run_starts:
-            declared = start.config.get("target_kl") if isinstance(start.config, dict) else None
-            if isinstance(declared, int | float) and not isinstance(declared, bool) and declared > 0:
-                self._targets[source.run_id] = float(declared)
+        self._targets.note(batch)
         return super().__call__(batch)
 
     def judge(self, key: StreamKey, state: _Stream, v: Values) -> list[Anomaly]:

@@ -29,7 +29,7 @@ from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from trainvigil.daemon.detectors._recovery import Recovery
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
-from trainvigil.daemon.detectors._series import RL_METRICS, StreamKey, Values, streams
+from trainvigil.daemon.detectors._series import StreamKey, Values, is_rl, streams
 from trainvigil.schemas import Anomaly
 
 LR_HISTORY = 512
@@ -101,7 +101,7 @@ class LossSpike(MetricDetector[_Stream]):
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         for key, steps in streams(batch).items():
             state = self.state(key)
-            if any(name in steps.columns for name in RL_METRICS):
+            if is_rl(steps):
                 state.rl = True
             lr = steps.metric("lr")
             state.lr.extend(zip(lr.step[-LR_HISTORY:].tolist(), lr.value[-LR_HISTORY:].tolist(), strict=True))

@@ -33,6 +33,7 @@ import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._declared import Declared, a_name
 from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, streams
 from trainvigil.schemas import Anomaly
 
@@ -139,20 +140,16 @@ class RewardHack(StreamDetector[_Stream]):
 
     def __init__(self, settings: RewardHackSettings) -> None:
         super().__init__(settings)
-        self._eval_names: dict[str, str] = {}
-        """run → the held-out metric its ``run_start`` config declared (``eval_metric``)."""
+        self._eval_names = Declared("eval_metric", a_name)
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)
 
     def forget_run(self, run_id: str) -> None:
-        self._eval_names.pop(run_id, None)
+        self._eval_names.forget(run_id)
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        for source, start in batch.run_starts:
-            declared = start.config.get("eval_metric") if isinstance(start.config, dict) else None
-            if isinstance(declared, str) and declared:
-                self._eval_names[source.run_id] = declared
+        self._eval_names.note(batch)
         out: list[Anomaly] = []
         for key, steps in streams(batch).items():
             if "reward" not in steps.columns:

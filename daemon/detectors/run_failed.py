@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
-from trainvigil.daemon.detectors._lifecycle import latest_time
+from trainvigil.daemon.detectors._lifecycle import Clock
 from trainvigil.daemon.detectors._series import streams
 from trainvigil.schemas import Anomaly
 
@@ -48,21 +48,21 @@ class RunFailed(StreamDetector[_Stream]):
 
     def __init__(self, settings: RunFailedSettings) -> None:
         super().__init__(settings, cooldown=1)
-        self._clock = float("-inf")
+        self._clock = Clock()
 
     def new_state(self) -> _Stream:
         return _Stream()
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        self._clock = max(self._clock, batch.now if batch.now is not None else latest_time(batch))
-        now = self._clock
+        now = self._clock.advance(batch)
         out: list[Anomaly] = []
         for key, s in streams(batch).items():
             state = self.state(key)
             state.last_step = max(state.last_step, int(s.step[-1]))
             out.extend(self._alive(key, state, now))
+        ending = {id(source) for source, _ in batch.run_ends}  # an envelope's records share its source
         for source, _ in batch.sourced_records():
-            if not any(source is end_source for end_source, _ in batch.run_ends):
+            if id(source) not in ending:
                 key = (source.run_id, source.rank)
                 out.extend(self._alive(key, self.state(key), now))
         for source, end in batch.run_ends:

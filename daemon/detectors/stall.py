@@ -22,7 +22,7 @@ import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
-from trainvigil.daemon.detectors._lifecycle import latest_time
+from trainvigil.daemon.detectors._lifecycle import Clock, Sweeper
 from trainvigil.daemon.detectors._series import streams
 from trainvigil.schemas import Anomaly
 
@@ -54,15 +54,14 @@ class Stall(StreamDetector[_Stream]):
 
     def __init__(self, settings: StallSettings) -> None:
         super().__init__(settings, cooldown=1)
-        self._clock = float("-inf")
-        self._next_sweep = float("-inf")
+        self._clock = Clock()
+        self._sweeps = Sweeper(SWEEP_S)
 
     def new_state(self) -> _Stream:
         return _Stream()
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        self._clock = max(self._clock, batch.now if batch.now is not None else latest_time(batch))
-        now = self._clock
+        now = self._clock.advance(batch)
         out: list[Anomaly] = []
         for source, _ in [*batch.run_starts, *batch.heartbeats]:
             self.state((source.run_id, source.rank)).seen = now
@@ -82,9 +81,8 @@ class Stall(StreamDetector[_Stream]):
             key = (source.run_id, source.rank)
             self._streams.pop(key, None)
             out.extend(self.episodes.quiet(key, 2**62, end.time))
-        if now < self._next_sweep:  # silence is judged to the second: not on every batch of a busy fleet
+        if not self._sweeps.due(now):  # silence is judged to the second: not on every batch of a busy fleet
             return out
-        self._next_sweep = now + SWEEP_S
         for key, state in self._streams.items():
             limit = max(self.settings.factor * state.longest, self.settings.min_seconds)
             silent = now - state.seen

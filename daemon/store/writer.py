@@ -84,12 +84,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
+def _disk_full(exc: BaseException) -> bool:
+    text = str(exc)
+    return "No space left" in text or "Could not write" in text
+
+
 def _cause(exc: BaseException) -> str:
     """What keeps the store from writing, for the page and ``/healthz``."""
     if isinstance(exc, duckdb.OutOfMemoryException):
         return "out_of_memory"
-    text = str(exc)
-    return "disk_full" if "No space left" in text or "Could not write" in text else "io_error"
+    return "disk_full" if _disk_full(exc) else "io_error"
 
 
 def _ts(seconds: float | None) -> datetime | None:
@@ -420,7 +424,7 @@ class Store:
         text = str(exc)
         if "invalidated" in text or isinstance(exc, duckdb.FatalException):
             self._invalidated = True
-        if self._invalidated or isinstance(exc, _UNAVAILABLE) or "No space left" in text or "Could not write" in text:
+        if self._invalidated or isinstance(exc, _UNAVAILABLE) or _disk_full(exc):
             raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
 
     def _apply(self, batch: IngestBatch) -> None:
