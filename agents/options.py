@@ -20,6 +20,7 @@ import msgspec
 from msgspec import Meta
 
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.credentials import BusAccess
 from trainvigil.schemas.settings import convert, env_name, from_env
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -77,6 +78,8 @@ class _Fields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     local_rank: NotNegative = 0
     world_size: AtLeastOne = 1
     nats_url: str = DEFAULT_NATS_URL
+    nats_creds: str = ""
+    nats_tls_ca: str = ""
     flush_interval: Positive = 0.25
     batch_size: AtLeastOne = 8192
     max_buffer: AtLeastOne = 1_000_000
@@ -107,6 +110,10 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         rank, local_rank, world_size: as torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``.
         nats_url: the broker: ``nats://``, ``tls://``, ``ws://``, ``wss://`` URLs or ``HOST:PORT``,
             several separated by commas.
+        nats_creds: the agent's credentials file (``VIGIL_NATS_CREDS``), for a broker with users:
+            ``DATA_DIR/bus/agent.toml`` of ``vigil up --auth``, or what ``vigil auth DIR`` wrote.
+            A path, so the secret is never in the environment or on a command line.
+        nats_tls_ca: PEM file of the CA that signed the broker's TLS certificate (``VIGIL_NATS_TLS_CA``).
         flush_interval: seconds between flushes of buffered steps.
         batch_size: a flush happens early once this many steps are buffered.
         max_buffer: steps held on the training thread's side before ``log()`` drops (counted).
@@ -128,8 +135,14 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     def __post_init__(self) -> None:
         # Keyword construction skips msgspec's checks; converting into the plain fields runs them.
         _checked(msgspec.structs.asdict(self), _Fields)
-        if self.enabled:  # a disabled agent never connects: its URL cannot stop the run
+        if self.enabled:  # a disabled agent never connects: its URL and files cannot stop the run
             nats_servers(self.nats_url)
+            self.access.connect_options()  # a missing or malformed file is said now, before training starts
+
+    @property
+    def access(self) -> BusAccess:
+        """The credentials and CA this agent connects with."""
+        return BusAccess(creds=self.nats_creds, tls_ca=self.nats_tls_ca)
 
 
 _FROM_TORCHRUN = {"rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE"}

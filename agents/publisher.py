@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import nats
 from nats.aio.client import Client as NATS
 
+from trainvigil.schemas.credentials import refusal
 from trainvigil.schemas.settings import retrying
 
 from .options import AgentOptions, nats_servers
@@ -71,6 +72,7 @@ class NatsPublisher:
         self._connected = False
         self._ever_connected = False
         self._failed_once = False
+        self._refused_once = False
 
     @property
     def connected(self) -> bool:
@@ -100,6 +102,8 @@ class NatsPublisher:
             if not self._ever_connected:  # nats-py retries the first connect itself, reporting each failure here
                 self._first_failure(exc)
                 changed()
+            elif refusal(exc):  # refused later: a permission (publishing with a reader's file), a rotated password
+                self._say_refused(exc)
 
         opts = self.options
         async for attempt in retrying(
@@ -118,6 +122,7 @@ class NatsPublisher:
                         reconnected_cb=on_reconnect,
                         error_cb=on_error,
                         pending_size=16 * 2**20,
+                        **opts.access.connect_options(),
                     )
                 except Exception as exc:
                     self._noticed(repr(exc))
@@ -152,6 +157,9 @@ class NatsPublisher:
         if self._failed_once:
             return
         self._failed_once = True
+        if refusal(exc):
+            self._say_refused(exc)
+            return
         where = self.options.spill_dir
         log.warning(
             "trainvigil: no broker answers at %s (%s: %s); metrics are kept locally (in memory, then under %s) and "
@@ -161,4 +169,20 @@ class NatsPublisher:
             exc,
             where,
             where,
+        )
+
+    def _say_refused(self, exc: BaseException) -> None:
+        """Say once, in one line, that the broker turned this agent away on purpose, and that data is kept."""
+        if self._refused_once:
+            return
+        self._refused_once = True
+        opts = self.options
+        log.warning(
+            "trainvigil: the broker at %s turned this agent away: %s (VIGIL_NATS_CREDS=%s); metrics are kept "
+            "locally (in memory, then under %s) and sent once it accepts them; what is left at exit stays there "
+            "for `vigil push`",
+            opts.nats_url,
+            refusal(exc),
+            opts.nats_creds or "not set",
+            opts.spill_dir,
         )

@@ -28,6 +28,7 @@ import nats
 from nats.errors import Error as NatsError
 
 from trainvigil.errors import VigilError
+from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 
 from .options import nats_servers
 from .outbox import OutMsg, copy_range, read_frame, read_sealed_header, write_sealed
@@ -210,11 +211,15 @@ async def push(
     max_inflight: int = 128,
     ack_timeout: float = 10.0,
     connect_timeout: float = 5.0,
+    access: BusAccess = ANONYMOUS,
 ) -> list[FileResult]:
     """Upload ``paths`` (sealed files) to the broker at ``url``, calling ``on_file`` after each.
 
+    Args:
+        access: an agent's credentials and the CA to trust (``VIGIL_NATS_CREDS``, ``VIGIL_NATS_TLS_CA``).
+
     Raises:
-        ConfigError: ``url`` is not a NATS URL.
+        ConfigError: ``url`` is not a NATS URL, or a file of ``access`` cannot be read.
         NoBrokerError: no broker answered at ``url``.
     """
     servers = nats_servers(url, key="--nats / VIGIL_NATS_URL")
@@ -231,10 +236,13 @@ async def push(
                 allow_reconnect=False,
                 max_reconnect_attempts=1,
                 error_cb=quiet,
+                **access.connect_options(),
             ),
             connect_timeout,
         )
     except (OSError, TimeoutError, NatsError) as exc:
+        if why := refusal(exc):
+            raise NoBrokerError(f"the broker at {url} turned vigil push away: {why}", url=url) from None
         raise NoBrokerError(
             f"no NATS broker answered at {url} ({type(exc).__name__}); start one (vigil up) or pass --nats URL",
             url=url,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -13,6 +14,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from trainvigil.daemon.alerts.fanout import Alerts
+from trainvigil.daemon.broker.bus import access, embedded_setup
 from trainvigil.daemon.broker.embedded import BrokerUnavailableError, port_open, speaks_nats, supervise
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import DaemonConfig
@@ -22,6 +24,7 @@ from trainvigil.daemon.store.responder import serve_queries
 from trainvigil.daemon.store.writer import Store
 from trainvigil.daemon.web.http import serve_http
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.credentials import refusal
 from trainvigil.schemas.settings import retrying
 
 log = structlog.get_logger("trainvigil.daemon")
@@ -48,7 +51,11 @@ async def _resolve_broker(config: DaemonConfig, tg: anyio.abc.TaskGroup) -> str:
         log.info("nats_found", url=url)
         return url
     store_dir = Path(config.data_dir) / "jetstream"
-    embedded: str = await tg.start(supervise, port, store_dir)
+    setup = embedded_setup(config)
+    start = partial(
+        supervise, port, store_dir, host=config.embedded_host, config_file=setup.config_file, scheme=setup.scheme
+    )
+    embedded: str = await tg.start(start)
     return embedded
 
 
@@ -63,8 +70,10 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
 
     Raises:
         BrokerUnavailableError: no NATS server answered at ``url`` in time.
+        ConfigError: the server turned the daemon's credentials or TLS away (said at once, not retried).
     """
     last_error: BaseException | None = None
+    waiting = anyio.move_on_after(config.connect_timeout_s)
 
     async def connected() -> None:
         metrics.broker_connected = True
@@ -76,9 +85,12 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
         nonlocal last_error
         last_error = exc
         log.debug("nats_error", error=repr(exc))
+        if not nc.is_connected and refusal(exc):  # a wrong password stays wrong: no point retrying
+            waiting.cancel()
 
     nc = nats.NATS()
-    with anyio.move_on_after(config.connect_timeout_s):
+    options = access(config, "daemon").connect_options()
+    with waiting:
         try:
             await nc.connect(
                 url,
@@ -90,12 +102,15 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
                 reconnected_cb=connected,
                 disconnected_cb=disconnected,
                 error_cb=quiet_error,
+                **options,
             )
         except (OSError, nats.errors.Error) as exc:
             last_error = exc
     if not nc.is_connected:
         with anyio.CancelScope(shield=True):
             await nc.close()
+        if last_error is not None and (why := refusal(last_error)):
+            raise ConfigError(f"the NATS server at {url} turned the daemon away: {why}", key="nats_creds")
         raise BrokerUnavailableError(
             f"no NATS server answered at {url} within {config.connect_timeout_s:g} s ({_describe(last_error)}); "
             "start the broker or fix --nats/VIGIL_NATS_URL (VIGIL_CONNECT_TIMEOUT_S sets the wait)",

@@ -157,6 +157,14 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         nats_url: the broker; empty means: use 127.0.0.1:4222 if something answers there,
             else start the bundled ``nats-server`` on that port.
         embedded_port: the port of the bundled ``nats-server`` (and of the broker looked for first).
+        embedded_host: the address the bundled ``nats-server`` listens on (``0.0.0.0``: every interface).
+        embedded_auth: users and permissions on the bundled ``nats-server`` (``[agent, daemon, reader]``,
+            credentials under ``DATA_DIR/bus``): ``auto`` turns them on unless ``embedded_host`` is a
+            loopback address, ``on`` always (``vigil up --auth``), ``off`` never (warned about off loopback).
+        embedded_tls_cert, embedded_tls_key: PEM files; given both, the bundled ``nats-server`` requires TLS.
+        nats_creds: the credentials file this process connects with (``vigil up``: the daemon's,
+            default ``DATA_DIR/bus/daemon.toml`` when the bundled broker has auth; ``vigil sql``: a reader's).
+        nats_tls_ca: PEM file of the CA that signed the broker's certificate ("" = the system's CAs).
         connect_timeout_s: ``vigil up`` gives up when the broker cannot be reached within this long.
         http_host, http_port: where ``/healthz`` and ``/metrics`` are served (port 0: off).
         fetch_batch: messages fetched (and committed in one transaction) at a time, at most.
@@ -180,6 +188,12 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: str = "vigil-data"
     nats_url: str = ""
     embedded_port: int = 4222
+    embedded_host: str = "127.0.0.1"
+    embedded_auth: Literal["auto", "on", "off"] = "auto"
+    embedded_tls_cert: str = ""
+    embedded_tls_key: str = ""
+    nats_creds: str = ""
+    nats_tls_ca: str = ""
     connect_timeout_s: float = 15.0
     http_host: str = "127.0.0.1"
     http_port: int = 9464
@@ -204,6 +218,9 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.nats_url:
             _nats_url("nats_url", self.nats_url)
         _port("embedded_port", self.embedded_port, lowest=1)
+        _require("embedded_host", self.embedded_host, "a host name or address", bool(self.embedded_host.strip()))
+        both = bool(self.embedded_tls_cert) == bool(self.embedded_tls_key)
+        _require("embedded_tls_key", self.embedded_tls_key, "given together with embedded_tls_cert", both)
         _require("http_host", self.http_host, "a host name or address", bool(self.http_host.strip()))
         _port("http_port", self.http_port)
         _require("fetch_batch", self.fetch_batch, "an integer >= 1", self.fetch_batch >= 1)

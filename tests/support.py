@@ -14,6 +14,7 @@ from _wait import wait_until as wait_for  # the one deadline helper, shared with
 
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
 from trainvigil.daemon.cli.sqlclient import ask_daemon
+from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.query import QueryRequest, QueryResult
 
 HERE = Path(__file__).parent
@@ -45,6 +46,9 @@ class NatsServer:
 class Daemon:
     """``vigil up`` as a real process against a given broker and data directory."""
 
+    access: BusAccess = ANONYMOUS
+    """How :meth:`sql` connects."""
+
     def __init__(self, nats_url: str, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.nats_url = nats_url
         self.data_dir = data_dir
@@ -63,8 +67,7 @@ class Daemon:
                     "-m",
                     "trainvigil.daemon.cli",
                     "up",
-                    "--nats",
-                    self.nats_url,
+                    *self.broker_args(),
                     "--data-dir",
                     str(self.data_dir),
                     "--http-port",
@@ -77,6 +80,9 @@ class Daemon:
             )
         wait_for(self._answers, 30, "the daemon to answer queries")
 
+    def broker_args(self) -> list[str]:
+        return ["--nats", self.nats_url]
+
     def _answers(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
             raise AssertionError(f"daemon exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
@@ -88,7 +94,7 @@ class Daemon:
 
     def sql(self, sql: str) -> QueryResult:
         """Ask the daemon over NATS (never the file: a test must not hold the database's lock)."""
-        result = asyncio.run(ask_daemon(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30))
+        result = asyncio.run(ask_daemon(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, self.access))
         assert result is not None, "no daemon answered"
         assert not result.error, result.error
         return result
@@ -107,11 +113,31 @@ class Daemon:
         return self.process.wait(30)
 
 
-def run_producer(nats_url: str, run_id: str, rank: int, steps: int, *args: str) -> subprocess.Popen[bytes]:
-    """``tests/producer.py`` as a separate training process."""
+class SecuredDaemon(Daemon):
+    """``vigil up --auth``: the bundled nats-server on a free port with the users and permissions it
+    writes under ``DATA_DIR/bus``; :meth:`sql` asks as the reader (trusting ``tls_ca`` when given)."""
+
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None, tls_ca: Path | None = None):
+        port = free_port()
+        url = f"{'tls' if tls_ca else 'nats'}://127.0.0.1:{port}"
+        super().__init__(url, data_dir, "--auth", "--embedded-port", str(port), *extra, env=env)
+        self.access = BusAccess(creds=str(self.creds("reader")), tls_ca=str(tls_ca or ""))
+
+    def broker_args(self) -> list[str]:
+        return []  # the bundled broker
+
+    def creds(self, role: str) -> Path:
+        """The credentials file of ``role`` (``agent``, ``daemon``, ``reader``) the daemon wrote."""
+        return self.data_dir / "bus" / f"{role}.toml"
+
+
+def run_producer(
+    nats_url: str, run_id: str, rank: int, steps: int, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``tests/producer.py`` as a separate training process (``env``: more variables for it)."""
     # The child imports this module, so it gets the import path pytest gives the tests (``pythonpath``).
     path = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent / "bench"), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "VIGIL_NATS_URL": nats_url, "PYTHONPATH": path}
+    env = {**os.environ, "VIGIL_NATS_URL": nats_url, "PYTHONPATH": path, **(env or {})}
     return subprocess.Popen(
         [sys.executable, str(HERE / "producer.py"), run_id, str(rank), str(steps), *args],
         env=env,
@@ -129,3 +155,22 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
     """Wait for a producer and require a clean exit (every event delivered)."""
     _, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err.decode()[-2000:]
+
+
+def turned_away(caplog: Any, run_id: str, steps: int, **options: Any) -> tuple[str, Path]:
+    """An in-process agent (``options`` to ``trainvigil.init``) that the broker turns away: it logs ``steps``
+    steps without raising, ``close()`` says False, and it says why in one line. Returns that line and the
+    file its steps were kept in (``caplog``: pytest's fixture, at WARNING for ``trainvigil.agent``)."""
+    import trainvigil
+
+    agent = trainvigil.init(run_id=run_id, flush_interval=0.05, **options)
+    for step in range(steps):
+        agent.log(step, loss=expected_loss(0, step))
+    assert agent.close(timeout=2) is False
+    lines = [r.getMessage() for r in caplog.records if r.name == "trainvigil.agent"]
+    said = [line for line in lines if "turned this agent away" in line]  # the other line: where data was kept
+    assert len(said) == 1 and "\n" not in said[0], lines
+    assert not [line for line in lines if "no broker answers" in line], lines
+    kept = Path(agent.stats()["kept_file"])
+    assert kept.is_file()
+    return said[0], kept

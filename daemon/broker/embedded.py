@@ -97,8 +97,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def server_args(binary: Path, port: int, store_dir: Path, host: str = "127.0.0.1") -> list[str]:
-    return [str(binary), "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
+def server_args(
+    binary: Path, port: int, store_dir: Path, host: str = "127.0.0.1", config_file: Path | None = None
+) -> list[str]:
+    """nats-server's command line: JetStream on ``host:port``; users and TLS from ``config_file`` when given."""
+    config = ["-c", str(config_file)] if config_file is not None else []
+    return [str(binary), *config, "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
+
+
+def dial_host(host: str) -> str:
+    """Where a client on this machine reaches a server listening on ``host`` (a wildcard: loopback)."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
 
 
 async def _keep_tail(stream: ByteReceiveStream, tail: bytearray, limit: int = 4096) -> None:
@@ -141,10 +150,16 @@ async def supervise(
     store_dir: Path,
     *,
     host: str = "127.0.0.1",
+    config_file: Path | None = None,
+    scheme: str = "nats",
     restart_wait_s: tuple[float, float] = RESTART_WAIT_S,
     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run nats-server until cancelled, restarting it when it dies; reports its URL once up.
+
+    Args:
+        config_file: users, permissions and TLS (:func:`trainvigil.daemon.broker.bus.embedded_setup`).
+        scheme: of the reported URL: ``tls`` when the server requires TLS.
 
     Raises:
         NatsServerNotFoundError: the binary is not installed.
@@ -153,7 +168,7 @@ async def supervise(
     """
     binary = find_binary()
     store_dir.mkdir(parents=True, exist_ok=True)
-    url = f"nats://{host}:{port}"
+    url = f"{scheme}://{dial_host(host)}:{port}"
     started = False
     first, most = restart_wait_s
 
@@ -165,7 +180,7 @@ async def supervise(
         with attempt:
             tail = bytearray()
             process = await anyio.open_process(
-                server_args(binary, port, store_dir, host),
+                server_args(binary, port, store_dir, host, config_file),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -175,7 +190,7 @@ async def supervise(
                 async with anyio.create_task_group() as tg:
                     if process.stderr is not None:
                         tg.start_soon(_keep_tail, process.stderr, tail)
-                    listened = await _listening(process, host, port)
+                    listened = await _listening(process, dial_host(host), port)
                     if listened:
                         log.info("nats_server_started", url=url, pid=process.pid, store_dir=str(store_dir))
                         if not started:

@@ -60,6 +60,24 @@ async def ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamIn
     return info
 
 
+async def restore_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamInfo:
+    """The stream's info; a stream that is gone is created again at once, with an error in the log.
+
+    Gone while the daemon runs means someone deleted it, or the broker lost its store. Agents may
+    not create streams (``vigil up --auth``), so until the daemon does they could not publish; what
+    the old stream held past the committed offset is recorded by the ingest (``stream_recreated``).
+    """
+    try:
+        return await js.stream_info(cfg.name)
+    except NotFoundError:
+        log.error(
+            "stream_missing",
+            stream=cfg.name,
+            note="the stream was deleted (by someone else?) or the broker lost its store; creating it again",
+        )
+        return await ensure_stream(js, cfg)
+
+
 async def bind_consumer(js: JetStreamContext, cfg: StreamConfig, start_seq: int) -> api.ConsumerInfo:
     """(Re)create the durable pull consumer so that it delivers from ``start_seq`` on, in stream order.
 

@@ -14,6 +14,7 @@ from trainvigil.daemon.alerts.format import as_json, as_result, summary
 from trainvigil.daemon.formatting import render
 from trainvigil.errors import DaemonUnavailableError, WireError
 from trainvigil.schemas import PREFIX, Anomaly, alert_subject, decode
+from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 
 _COLUMNS = "time, run_id, rank, step, detector, severity, state, value, threshold, message"
 
@@ -33,7 +34,7 @@ def format_update(anomaly: Anomaly, fmt: str) -> str:
     return summary(anomaly) + "\n"
 
 
-async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO) -> None:
+async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: BusAccess) -> None:
     async def disconnected() -> None:
         print("vigil: lost the broker; reconnecting", file=sys.stderr, flush=True)
 
@@ -51,6 +52,7 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO) -> None:
                 max_reconnect_attempts=-1,
                 disconnected_cb=disconnected,
                 error_cb=quiet,
+                **access.connect_options(),
             ),
             timeout=3,
         )
@@ -79,10 +81,13 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO) -> None:
         await nc.close()
 
 
-def follow(url: str, run_id: str | None, fmt: str, out: TextIO = sys.stdout) -> None:
+def follow(url: str, run_id: str | None, fmt: str, out: TextIO = sys.stdout, access: BusAccess = ANONYMOUS) -> None:
     """Print every alert update published on the broker at ``url`` until Ctrl-C.
+
+    Args:
+        access: a reader's credentials and the CA to trust.
 
     Raises:
         DaemonUnavailableError: no broker answers at ``url``.
     """
-    asyncio.run(_follow(url, run_id, fmt, out))
+    asyncio.run(_follow(url, run_id, fmt, out, access))

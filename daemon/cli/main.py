@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from trainvigil.daemon.config import DaemonConfig
+    from trainvigil.schemas.credentials import BusAccess
     from trainvigil.schemas.query import QueryResult
 
 EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED = 0, 1, 2, 3, 4
@@ -78,6 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--http-host", help="address of /healthz and /metrics (default 127.0.0.1)")
     up.add_argument("--http-port", type=int, help="port of /healthz and /metrics (default 9464, 0 = off)")
     up.add_argument("--drain", action="store_true", help="exit once every message in the stream is stored")
+    up.add_argument(
+        "--embedded-host",
+        help="address the bundled nats-server listens on (default 127.0.0.1, VIGIL_EMBEDDED_HOST); off loopback "
+        "it requires credentials",
+    )
+    up.add_argument(
+        "--auth",
+        dest="embedded_auth",
+        action="store_const",
+        const="on",
+        help="users and permissions on the bundled nats-server even on loopback (VIGIL_EMBEDDED_AUTH=on); "
+        "credentials are written once under DATA_DIR/bus",
+    )
+    _creds_arg(up, "the daemon's credentials file (VIGIL_NATS_CREDS); default DATA_DIR/bus/daemon.toml")
 
     sql = sub.add_parser(
         "sql",
@@ -139,6 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
         "~/.cache/trainvigil/spill)",
     )
     push.add_argument("--nats", dest="nats_url", help="broker URL (default VIGIL_NATS_URL, else nats://127.0.0.1:4222)")
+    _creds_arg(push, "an agent's credentials file (VIGIL_NATS_CREDS)")
+    auth = sub.add_parser(
+        "auth",
+        help="create the bus's users (agent, daemon, reader) and a nats-server config enforcing them",
+        description="Write DIR/agent.toml, DIR/daemon.toml and DIR/reader.toml (random passwords, mode 0600; "
+        "kept if there) and DIR/nats-server.conf, the account and permissions to run a nats-server with "
+        "(nats-server -c DIR/nats-server.conf -js). Point each process at its file with VIGIL_NATS_CREDS. "
+        "vigil up --auth does the same for its bundled broker under DATA_DIR/bus.",
+    )
+    auth.add_argument("dir", help="directory for the files (created mode 0700)")
     from trainvigil.daemon.cli.export import TABLES  # light: no daemon packages at import
 
     export = sub.add_parser(
@@ -157,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--data-dir", help="data directory to read when no daemon answers (default ./vigil-data)")
     export.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
     export.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
+    _creds_arg(export)
     verify.add_parser(sub)
     return parser
 
@@ -167,6 +193,25 @@ def _query_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
     parser.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     parser.add_argument("--limit", type=int, default=None, help="row limit (default: the daemon's, 10000)")
+    _creds_arg(parser)
+
+
+def _creds_arg(
+    parser: argparse.ArgumentParser,
+    what: str = "a reader's credentials file (VIGIL_NATS_CREDS; default DATA_DIR/bus/reader.toml if there)",
+) -> None:
+    # A path, never the secret itself: a command line is visible to every user of the machine (ps).
+    parser.add_argument("--creds", dest="nats_creds", metavar="FILE", help=what)
+
+
+def _reader(args: argparse.Namespace) -> tuple[DaemonConfig, str, BusAccess]:
+    """The configuration a reading command runs with, the daemon's broker URL and a reader's access to it."""
+    from trainvigil.daemon import config as config_mod
+    from trainvigil.daemon.broker.bus import access
+
+    overrides = {"data_dir": args.data_dir, "nats_url": args.nats_url, "nats_creds": args.nats_creds}
+    cfg = config_mod.load(args.config, overrides)
+    return cfg, cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}", access(cfg, "reader")
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -174,6 +219,7 @@ def _up(args: argparse.Namespace) -> int:
 
     from trainvigil.daemon import config as config_mod
     from trainvigil.daemon.app import serve
+    from trainvigil.daemon.broker.bus import agents_hint
     from trainvigil.daemon.logs import configure
 
     cfg = config_mod.load(
@@ -184,6 +230,9 @@ def _up(args: argparse.Namespace) -> int:
             "embedded_port": args.embedded_port,
             "http_host": args.http_host,
             "http_port": args.http_port,
+            "embedded_host": args.embedded_host,
+            "embedded_auth": args.embedded_auth,
+            "nats_creds": args.nats_creds,
         },
     )
     configure(cfg.log_format, cfg.log_level)
@@ -191,7 +240,7 @@ def _up(args: argparse.Namespace) -> int:
 
     def ready(url: str) -> None:
         print(
-            f"vigil: daemon ready; point agents at VIGIL_NATS_URL={url} (data in {cfg.data_dir})",
+            f"vigil: daemon ready; point agents at VIGIL_NATS_URL={url}{agents_hint(cfg)} (data in {cfg.data_dir})",
             file=sys.stderr,
             flush=True,
         )
@@ -277,12 +326,10 @@ def _query(args: argparse.Namespace, sql: str) -> int:
         return EXIT_USAGE
     import duckdb
 
-    from trainvigil.daemon import config as config_mod
     from trainvigil.daemon.cli.sqlclient import query
     from trainvigil.daemon.formatting import render
 
-    cfg = config_mod.load(args.config, {"data_dir": args.data_dir, "nats_url": args.nats_url})
-    url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
+    cfg, url, bus = _reader(args)
     try:
         result, where = query(
             sql,
@@ -290,6 +337,7 @@ def _query(args: argparse.Namespace, sql: str) -> int:
             data_dir=cfg.data_dir,
             limit=args.limit or cfg.query_row_limit,
             timeout=cfg.query_timeout_s + 5,
+            access=bus,
         )
     except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database
         raise _unreadable(exc, url, cfg) from exc
@@ -336,14 +384,12 @@ def _unreadable(exc: duckdb.Error, url: str, cfg: DaemonConfig) -> Exception:
 def _export(args: argparse.Namespace) -> int:
     import duckdb
 
-    from trainvigil.daemon import config as config_mod
     from trainvigil.daemon.cli.export import TABLES, Progress, count_rows, export_rows, output, patient, target
     from trainvigil.daemon.cli.sqlclient import QuerySource
 
-    cfg = config_mod.load(args.config, {"data_dir": args.data_dir, "nats_url": args.nats_url})
-    url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
+    cfg, url, bus = _reader(args)
     table, path = TABLES[args.table], target(args.output, args.format)
-    with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5) as source:
+    with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=bus) as source:
         ask = patient(source.ask)
         try:
             total = count_rows(ask, table, args.run)  # the first query: it decides daemon or file
@@ -361,13 +407,12 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _alerts(args: argparse.Namespace) -> int:
-    from trainvigil.daemon import config as config_mod
     from trainvigil.daemon.cli.alerts import alerts_sql, follow
 
     if not args.follow:
         return _query(args, alerts_sql(args.run))
-    cfg = config_mod.load(args.config, {"nats_url": args.nats_url})
-    follow(cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}", args.run, args.format)
+    _, url, bus = _reader(args)
+    follow(url, args.run, args.format, access=bus)
     return EXIT_OK
 
 
@@ -378,6 +423,7 @@ def _push(args: argparse.Namespace) -> int:
     from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
     from trainvigil.agents.push import FileResult, PushIncompleteError, broker_key, leftovers, push
     from trainvigil.errors import ConfigError
+    from trainvigil.schemas.credentials import BusAccess
 
     where = Path(args.dir or os.environ.get("VIGIL_SPILL_DIR") or default_spill_dir())
     if args.dir and not where.exists():
@@ -400,7 +446,9 @@ def _push(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    results = asyncio.run(push(url, paths, on_file=progress))
+    creds = args.nats_creds or os.environ.get("VIGIL_NATS_CREDS", "")
+    bus = BusAccess(creds=creds, tls_ca=os.environ.get("VIGIL_NATS_TLS_CA", ""))
+    results = asyncio.run(push(url, paths, on_file=progress, access=bus))
     print(
         f"vigil: pushed {sum(r.done for r in results)} of {len(paths)} files to {url}: "
         f"{sum(r.messages for r in results)} messages, {sum(r.bytes for r in results)} bytes",
@@ -412,6 +460,16 @@ def _push(args: argparse.Namespace) -> int:
             f"they stay in {where}: is the daemon running (vigil up creates the stream)? then run vigil push again",
             failed=failed,
         )
+    return EXIT_OK
+
+
+def _auth(args: argparse.Namespace) -> int:
+    from trainvigil.daemon.broker.auth import ROLES, credentials_file, prepare
+
+    where = Path(args.dir)
+    config = prepare(where)
+    files = ", ".join(f"{role}: {credentials_file(where, role)}" for role in ROLES)
+    print(f"vigil: bus users in {where} ({files}); server config: {config}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -482,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "push":
             return _push(args)
+        if args.command == "auth":
+            return _auth(args)
     except Exception as exc:
         known = next(((e, v) for e in _leaves(exc) for t, v in failures.items() if isinstance(e, t)), None)
         if known is None:

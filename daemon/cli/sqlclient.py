@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from types import TracebackType
 
@@ -13,35 +14,83 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
-from trainvigil.errors import DaemonUnavailableError, QueryError, QueryRefusedError
+from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError
 from trainvigil.schemas import QUERY_SUBJECT
+from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
 
 
-async def _quiet(exc: Exception) -> None:
-    """nats-py prints every connection error; here a missing broker is an expected answer."""
+class _Connection:
+    """A broker connection and the errors the server sent on it (nats-py hands them to a callback)."""
+
+    def __init__(self) -> None:
+        self.nc: NATS | None = None
+        self.errors: list[Exception] = []
+
+    async def keep(self, exc: Exception) -> None:
+        """nats-py prints every error; here they are answers: no broker, or a refusal (said once, by the caller)."""
+        self.errors.append(exc)
+
+    def refused(self) -> str | None:
+        """Why the server turned this client away, if it did."""
+        return next((why for exc in self.errors if (why := refusal(exc))), None)
 
 
-async def _connect(url: str) -> NATS | None:
-    """A connection to the broker at ``url``, or ``None`` when none answers."""
+async def _connect(url: str, access: BusAccess) -> _Connection | None:
+    """A connection to the broker at ``url``, or ``None`` when none answers.
+
+    Raises:
+        ConfigError: the broker turned these credentials (or this TLS trust) away: said at once, since a
+            wrong password would otherwise read as "no daemon" and fall back to the file.
+    """
+    conn = _Connection()
+    nc = NATS()
+    options = access.connect_options()
     try:
-        return await asyncio.wait_for(
-            nats.connect(url, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False, error_cb=_quiet),
+        await asyncio.wait_for(
+            nc.connect(
+                url,
+                connect_timeout=1,
+                max_reconnect_attempts=0,
+                allow_reconnect=False,
+                error_cb=conn.keep,
+                **options,
+            ),
             timeout=3,
         )
-    except (TimeoutError, OSError, nats.errors.Error):
+        conn.nc = nc
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        # A refused connection leaves its socket open otherwise; after a failed TLS handshake
+        # nats-py's close waits for ever on the lost stream, hence the bound.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 1)
+        if why := refusal(exc) or conn.refused():
+            raise ConfigError(f"the broker at {url} turned this client away: {why}", key="nats_creds") from None
         return None
+    return conn
 
 
-async def _ask(nc: NATS, url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
-    """The daemon's answer over ``nc``, or ``None`` when no daemon listens on the query subject."""
+async def _ask(conn: _Connection, url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
+    """The daemon's answer over ``conn``, or ``None`` when no daemon listens on the query subject.
+
+    Raises:
+        QueryRefusedError: the broker does not let these credentials send queries (an agent's, say).
+    """
+    nc = conn.nc
+    assert nc is not None
     parts: list[QueryResult] = []
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     try:
         await nc.publish(QUERY_SUBJECT, msgspec.msgpack.encode(request), reply=inbox)
+        # The server answers a forbidden publish with an error before the next PONG. nats-py sends a
+        # flush's PING ahead of what is still queued, so only the second PING surely follows the publish.
+        for _ in range(2):
+            await nc.flush(timeout=max(1, int(timeout)))
+        if why := conn.refused():
+            raise QueryRefusedError(f"the broker at {url} refused this query: {why}")
         while not parts or parts[-1].more:
             reply = await sub.next_msg(timeout=timeout)
             if reply.headers and reply.headers.get("Status") == "503":
@@ -54,15 +103,17 @@ async def _ask(nc: NATS, url: str, request: QueryRequest, timeout: float) -> Que
     return join_results(parts)
 
 
-async def ask_daemon(url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
+async def ask_daemon(
+    url: str, request: QueryRequest, timeout: float, access: BusAccess = ANONYMOUS
+) -> QueryResult | None:
     """The daemon's answer, or ``None`` when no broker or no daemon is there."""
-    nc = await _connect(url)
-    if nc is None:
+    conn = await _connect(url, access)
+    if conn is None or conn.nc is None:
         return None
     try:
-        return await _ask(nc, url, request, timeout)
+        return await _ask(conn, url, request, timeout)
     finally:
-        await nc.close()
+        await conn.nc.close()
 
 
 class QuerySource:
@@ -75,22 +126,32 @@ class QuerySource:
     Args:
         timeout: seconds to wait for each answer; reading the file, each query's timeout.
         max_bytes: the bytes of encoded rows an answer holds at most (the daemon may lower it).
+        access: the reader's credentials and the CA to trust.
     """
 
-    def __init__(self, *, nats_url: str, data_dir: str | Path, timeout: float, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        data_dir: str | Path,
+        timeout: float,
+        max_bytes: int | None = None,
+        access: BusAccess = ANONYMOUS,
+    ) -> None:
         self.nats_url = nats_url
+        self.access = access
         self.path = Path(data_dir) / "vigil.duckdb"
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.where = ""
         """``daemon at URL`` or the file's path, once a query was answered."""
         self._runner = asyncio.Runner()
-        self._nc: NATS | None = None
+        self._conn: _Connection | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
 
     @property
     def from_daemon(self) -> bool:
-        return self._nc is not None
+        return self._conn is not None
 
     def __enter__(self) -> QuerySource:
         return self
@@ -100,13 +161,13 @@ class QuerySource:
 
     def close(self) -> None:
         try:
-            if self._nc is not None:
-                self._runner.run(self._nc.close())
+            if self._conn is not None and self._conn.nc is not None:
+                self._runner.run(self._conn.nc.close())
         finally:
             self._runner.close()
             if self._con is not None:
                 self._con.close()
-            self._nc = self._con = None
+            self._conn, self._con = None, None
 
     def ask(self, sql: str, limit: int) -> QueryResult:
         """Run ``sql``; the answer holds at most ``limit`` rows (``truncated`` says when it was cut).
@@ -140,16 +201,16 @@ class QuerySource:
 
     def _ask_daemon(self, request: QueryRequest) -> QueryResult | None:
         """The daemon's answer; ``None`` when none answers the first query."""
-        first = self._nc is None
+        first = self._conn is None
         if first:
-            self._nc = self._runner.run(_connect(self.nats_url))
-            if self._nc is None:
+            self._conn = self._runner.run(_connect(self.nats_url, self.access))
+            if self._conn is None or self._conn.nc is None:
                 return None
-        assert self._nc is not None
-        result = self._runner.run(_ask(self._nc, self.nats_url, request, self.timeout))
+        assert self._conn is not None and self._conn.nc is not None
+        result = self._runner.run(_ask(self._conn, self.nats_url, request, self.timeout))
         if result is None and first:
-            self._runner.run(self._nc.close())
-            self._nc = None
+            self._runner.run(self._conn.nc.close())
+            self._conn = None
         elif result is None:
             raise DaemonUnavailableError(
                 f"the daemon at {self.nats_url} stopped answering; start it again (`vigil up`) and retry"
@@ -167,12 +228,15 @@ def query(
     limit: int,
     timeout: float = 60.0,
     max_bytes: int | None = None,
+    access: BusAccess = ANONYMOUS,
 ) -> tuple[QueryResult, str]:
     """Run one read-only query (see :class:`QuerySource`); returns the result and where it was answered.
 
     Args:
         limit, max_bytes: rows and bytes the answer holds at most (the daemon may lower them).
         timeout: seconds to wait for the daemon's answer; reading the file, the query's timeout.
+        access: the reader's credentials and the CA to trust.
     """
-    with QuerySource(nats_url=nats_url, data_dir=data_dir, timeout=timeout, max_bytes=max_bytes) as source:
+    source = QuerySource(nats_url=nats_url, data_dir=data_dir, timeout=timeout, max_bytes=max_bytes, access=access)
+    with source:
         return source.ask(sql, limit), source.where

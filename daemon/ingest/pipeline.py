@@ -31,7 +31,7 @@ from nats.js.errors import NotFoundError
 from trainvigil.daemon import detectors
 from trainvigil.daemon.alerts.fanout import Alerts
 from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, SeqGap, decode_batch
-from trainvigil.daemon.broker.jetstream import Puller, bind_consumer, stream_view
+from trainvigil.daemon.broker.jetstream import Puller, bind_consumer, restore_stream, stream_view
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.ingest.sequencer import RECREATED, Sequencer, StreamView, Verdict, judge, recreated
 from trainvigil.daemon.metrics import DaemonMetrics
@@ -253,6 +253,7 @@ class Ingest:
                 verdict, view = await self._judge(seq.next_seq, None)
                 if view.last_seq < seq.next_seq:
                     log.info("drained", last_seq=seq.next_seq - 1)
+                    await self._tick(seq, send)  # the steps held back from the detectors are judged
                     return True
                 if verdict.losses:
                     seq.skip(verdict.losses)
@@ -265,12 +266,16 @@ class Ingest:
                 await self._unstick(seq, send, pending, delivered, info.num_ack_pending or 0)
         # A commit throttled by the purge interval is purged once the stream goes quiet.
         await self._purge_committed()
-        # Nothing arrived: time still passes for detectors that watch silence (stall).
+        await self._tick(seq, send)
+        return False
+
+    async def _tick(self, seq: Sequencer, send: MemoryObjectSendStream[Fetched]) -> None:
+        """Nothing arrived: time still passes for detectors that watch silence (stall), and the
+        steps held back from the per-step detectors while batches were busy are judged."""
         idle = IngestBatch(max_seq=seq.next_seq - 1, now=time.time())
         idle.anomalies.extend(detectors.run_all(self.detectors, idle))
         if idle.anomalies:
             await send.send(Fetched(idle, [], self.metrics.consumer_lag))
-        return False
 
     async def _unstick(
         self, seq: Sequencer, send: MemoryObjectSendStream[Fetched], pending: int, delivered: int, ack_pending: int
@@ -319,7 +324,7 @@ class Ingest:
     async def _bind(self, seq: Sequencer) -> None:
         cfg = self.config
         await self._unbind()
-        info = await self.js.stream_info(cfg.stream.name)
+        info = await restore_stream(self.js, cfg.stream)
         self._check_same_stream(seq.next_seq, info.state.last_seq, info.created)
         await bind_consumer(self.js, cfg.stream, seq.next_seq)
         puller = Puller(
@@ -337,7 +342,9 @@ class Ingest:
         """Recreate the consumer at ``next_seq``; what the old one held back is dropped unacked."""
         self.metrics.rewinds[reason] += 1
         self._fruitless_rewinds += 1
-        log.info("consumer_rewound", reason=reason, next_seq=seq.next_seq, in_a_row=self._fruitless_rewinds)
+        # A consumer that vanished was deleted by someone else (or with its stream): worth an error.
+        say = log.error if reason == "consumer_gone" else log.info
+        say("consumer_rewound", reason=reason, next_seq=seq.next_seq, in_a_row=self._fruitless_rewinds)
         await self._unbind()
         if self._fruitless_rewinds > 1:  # no progress since the last one: do not spin on the broker
             await anyio.sleep(min(0.05 * 2**self._fruitless_rewinds, 2.0))
