@@ -270,7 +270,9 @@ def _short_runs(group: int, now: float) -> IngestBatch:
         run_id = f"run-{group}-{i}"
         for rank in range(RANKS):
             source = Source(run_id=run_id, rank=rank, world_size=RANKS)
-            part = step_columns_of(run_id, rank, steps, {m: np.full(STEPS, 0.5) for m in METRICS}, times)
+            values = {m: np.full(STEPS, 0.5) for m in METRICS}
+            values["loss"][-1] = np.nan  # non_finite keeps state only for a stream that gave it something to say
+            part = step_columns_of(run_id, rank, steps, values, times)
             part.source = source
             batch.steps.append(part)
             batch.run_starts.append((source, RunStart(time=now - STEPS)))

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import msgspec
 
 from trainvigil.daemon.detectors._base import Detector, DetectorSettings, Episodes, Finding, StreamDetector
+from trainvigil.daemon.detectors._coalesce import Coalescer
 from trainvigil.daemon.detectors._isolation import DetectorFailures, select_runs
 from trainvigil.daemon.detectors._runner import Detectors, run_all
 from trainvigil.daemon.detectors.ckpt_mismatch import CkptMismatch
@@ -69,6 +70,11 @@ DetectorsConfig: type[msgspec.Struct] = msgspec.defstruct(
     [
         # Shared by every detector: a stream silent this long is over (it never sent run_end).
         ("idle_forget_s", Annotated[float, msgspec.Meta(gt=0)], 3600.0),
+        # While a batch holds more than coalesce_streams streams, the per-step detectors judge a
+        # stream once coalesce_steps of its steps wait, or the oldest waited coalesce_s (_coalesce).
+        ("coalesce_streams", Annotated[int, msgspec.Meta(ge=0)], 64),
+        ("coalesce_steps", Annotated[int, msgspec.Meta(ge=1)], 32),
+        ("coalesce_s", Annotated[float, msgspec.Meta(ge=0)], 5.0),
         *[(d.name, d.Settings, msgspec.field(default_factory=d.Settings)) for d in REGISTRY],
     ],
     frozen=True,
@@ -84,4 +90,8 @@ def build(settings: msgspec.Struct) -> Detectors:
     (a :data:`DetectorsConfig`, e.g. ``DaemonConfig.detectors``)."""
     tables: Any = settings  # built by defstruct: its fields are not known statically
     chosen = [(d, getattr(tables, d.name)) for d in REGISTRY]
-    return Detectors((d(settings) for d, settings in chosen if settings.enabled), idle_forget_s=tables.idle_forget_s)
+    return Detectors(
+        (d(settings) for d, settings in chosen if settings.enabled),
+        idle_forget_s=tables.idle_forget_s,
+        held=Coalescer(tables.coalesce_streams, tables.coalesce_steps, tables.coalesce_s),
+    )

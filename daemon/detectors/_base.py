@@ -41,6 +41,9 @@ class Detector(Protocol):
 
     name: ClassVar[str]
     Settings: ClassVar[type[DetectorSettings]]
+    coalesce: ClassVar[bool]
+    """It judges steps only, and its episodes do not depend on how they were batched: while batches
+    hold many streams it may get a stream's steps later, several messages at once (``_coalesce``)."""
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]: ...
 
@@ -267,6 +270,7 @@ class StreamDetector(Generic[StateT]):
 
     name: ClassVar[str]
     Settings: ClassVar[type[DetectorSettings]]
+    coalesce: ClassVar[bool] = False
 
     def __init__(self, settings: Any, cooldown: int | None = None) -> None:
         self.settings = settings

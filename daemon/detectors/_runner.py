@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import Detector, journaled
+from trainvigil.daemon.detectors._coalesce import Coalescer
 from trainvigil.daemon.detectors._isolation import DetectorFailures
 from trainvigil.daemon.detectors._lifecycle import RunTracker
 from trainvigil.schemas import Anomaly
@@ -17,12 +18,20 @@ class Detectors(list[Detector]):
     Attributes:
         runs: the live runs and streams (what detectors may forget, and when).
         failures: which detector failed on which run (``errors`` counts them per detector).
+        held: the steps held back from the ``coalesce`` detectors while batches are busy.
     """
 
-    def __init__(self, detectors: Iterable[Detector] = (), *, idle_forget_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        detectors: Iterable[Detector] = (),
+        *,
+        idle_forget_s: float = 3600.0,
+        held: Coalescer | None = None,
+    ) -> None:
         super().__init__(detectors)
         self.runs = RunTracker(idle_forget_s)
         self.failures = DetectorFailures()
+        self.held = held if held is not None else Coalescer(min_streams=64, steps=32, wait_s=5.0)
 
     def tracked(self) -> dict[str, int]:
         """Per detector: how many streams, runs and open episodes it keeps state for."""
@@ -50,15 +59,18 @@ def run_all(detectors: Detectors, batch: IngestBatch) -> list[Anomaly]:
     expired = detectors.runs.observe(batch)
     if failures.disabled and batch.run_starts:
         failures.enable({source.run_id for source, _ in batch.run_starts})
+    coalesced = detectors.held.view(batch)
+    # The views without a detector's disabled runs, made once per (batch, set of runs).
     views: dict[frozenset[str], IngestBatch] = {}
+    coalesced_views: dict[frozenset[str], IngestBatch] = {}
     found: list[Anomaly] = []
     ranks = detectors.runs.ranks
     careful = bool(failures)  # only once a detector has failed: the normal path is the plain call below
     with journaled() as journal:
         for detector in detectors:
-            seen = batch
+            seen = coalesced if detector.coalesce else batch
             if careful:
-                seen = failures.seen_by(detector.name, batch, views)
+                seen = failures.seen_by(detector.name, seen, coalesced_views if detector.coalesce else views)
                 if detector.name in failures.suspect:
                     found.extend(failures.run_by_run(detector, seen, ranks))
                     continue

@@ -9,11 +9,13 @@ NaN: NaN is a value that ``non_finite`` must see).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
+from trainvigil.schemas import RunEvent, Source
 
 StreamKey = tuple[str, int]
 """(run_id, rank)."""
@@ -65,6 +67,7 @@ class StreamSteps:
     """Per step: a checkpoint/eval pause? That is, a step carrying a non-zero ``checkpoint``/``eval``
     value, or one named by an event of that kind (``agent.event("checkpoint", step=...)``)."""
     _cache: dict[str, Values] = field(default_factory=dict)
+    _intervals: tuple[float, np.ndarray] | None = None
 
     def metric(self, name: str) -> Values:
         """The present values of ``name`` (empty when the batch has none)."""
@@ -78,6 +81,15 @@ class StreamSteps:
                 cached = Values(self.step[present], values[present], self.time[present])
             self._cache[name] = cached
         return cached
+
+    def intervals(self, before: float) -> np.ndarray:
+        """The time from each step to the next, the first from ``before`` (a NaN: from the first step
+        itself), leaving out the intervals that end on a pause. Shared: ``stall`` and ``hang`` both ask."""
+        cached = self._intervals
+        if cached is None or cached[0] != before:
+            first = before if math.isfinite(before) else float(self.time[0])
+            cached = self._intervals = (before, np.diff(self.time, prepend=first)[~self.paused])
+        return cached[1]
 
     def working(self, name: str, after: int) -> Values:
         """Fresh values of ``name`` on steps that are not pauses (see ``paused``)."""
@@ -98,6 +110,8 @@ def _columns_of(part: StepColumns) -> dict[str, tuple[np.ndarray, np.ndarray | N
 
 
 def _merge(parts: list[StepColumns], named_pauses: list[int]) -> StreamSteps:
+    if len(parts) == 1:
+        return _one(parts[0], named_pauses)
     source = parts[0].source
     step = np.concatenate([p.step for p in parts]) if len(parts) > 1 else parts[0].step
     times = np.concatenate([p.times for p in parts]) if len(parts) > 1 else parts[0].times
@@ -126,28 +140,73 @@ def _merge(parts: list[StepColumns], named_pauses: list[int]) -> StreamSteps:
         order = np.argsort(step, kind="stable")
         step, times = step[order], times[order]
         columns = {name: (v[order], p[order]) for name, (v, p) in columns.items()}
+    return StreamSteps(
+        source.run_id, source.rank, source.world_size, step, times, columns, _paused(step, columns, named_pauses)
+    )
+
+
+Grouped = dict[StreamKey, tuple[list[StepColumns], list[tuple[Source, RunEvent]]]]
+"""Per stream: its step parts in arrival order, and the pause events (``PAUSE_TAGS``) that name its steps."""
+
+
+def grouped(batch: IngestBatch) -> Grouped:
+    """The batch's step parts and pause events per stream (streams with steps only)."""
+    out: Grouped = {}
+    for part in batch.steps:
+        if len(part):
+            out.setdefault((part.source.run_id, part.source.rank), ([], []))[0].append(part)
+    for source, event in batch.events:
+        if event.kind in PAUSE_TAGS and event.step is not None:
+            held = out.get((source.run_id, source.rank))
+            if held is not None:
+                held[1].append((source, event))
+    return out
+
+
+def _one(part: StepColumns, named_pauses: list[int]) -> StreamSteps:
+    """``_merge`` of a single message (most streams of a busy batch): its arrays as they are."""
+    step, times = part.step, part.times
+    everywhere: np.ndarray | None = None
+    columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, (values, present) in _columns_of(part).items():
+        if present is None:
+            if everywhere is None:
+                everywhere = np.ones(len(step), dtype=bool)
+            present = everywhere
+        columns[name] = (values, present)
+    if len(step) > 1 and not bool(np.all(step[1:] >= step[:-1])):
+        order = np.argsort(step, kind="stable")
+        step, times = step[order], times[order]
+        columns = {name: (v[order], p[order]) for name, (v, p) in columns.items()}
+    return StreamSteps(
+        part.source.run_id,
+        part.source.rank,
+        part.source.world_size,
+        step,
+        times,
+        columns,
+        _paused(step, columns, named_pauses),
+    )
+
+
+def _paused(step: np.ndarray, columns: dict[str, tuple[np.ndarray, np.ndarray]], named: list[int]) -> np.ndarray:
     paused = np.zeros(len(step), dtype=bool)
     for tag in PAUSE_TAGS:
         if tag in columns:
             values, present = columns[tag]
             paused |= present & (values != 0)
-    if named_pauses:
-        paused |= np.isin(step, np.asarray(named_pauses, dtype=np.int64))
-    return StreamSteps(source.run_id, source.rank, source.world_size, step, times, columns, paused)
+    if named:
+        paused |= np.isin(step, np.asarray(named, dtype=np.int64))
+    return paused
 
 
 def streams(batch: IngestBatch) -> dict[StreamKey, StreamSteps]:
     """The batch's steps per stream (computed once per batch, then cached on it)."""
     cached = batch.cache.get("streams")
     if cached is None:
-        grouped: dict[StreamKey, list[StepColumns]] = {}
-        for part in batch.steps:
-            if len(part):
-                grouped.setdefault((part.source.run_id, part.source.rank), []).append(part)
-        named: dict[StreamKey, list[int]] = {}
-        for source, event in batch.events:
-            if event.kind in PAUSE_TAGS and event.step is not None:
-                named.setdefault((source.run_id, source.rank), []).append(event.step)
-        cached = {key: _merge(parts, named.get(key, [])) for key, parts in grouped.items()}
+        cached = {
+            key: _merge(parts, [event.step for _, event in pauses if event.step is not None])
+            for key, (parts, pauses) in grouped(batch).items()
+        }
         batch.cache["streams"] = cached
     return cached  # type: ignore[return-value]

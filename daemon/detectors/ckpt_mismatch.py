@@ -55,6 +55,7 @@ def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
 class CkptMismatch:
     name: ClassVar[str] = "ckpt_mismatch"
     Settings: ClassVar[type[DetectorSettings]] = CkptMismatchSettings
+    coalesce: ClassVar[bool] = False
 
     def __init__(self, settings: CkptMismatchSettings) -> None:
         self.settings = settings

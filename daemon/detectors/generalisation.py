@@ -104,6 +104,8 @@ class Generalisation(StreamDetector[_Stream]):
             names = (self._declared.get(key[0], ""), *s.metrics)
             train = st.metric(s.train_metric)
             for name in filter(None, names):
+                if name not in st.columns:
+                    continue
                 v = st.metric(name)
                 if len(v) and np.isfinite(v.value).any():
                     finite = np.isfinite(v.value)  # a NaN validation value is non_finite's, not an evaluation

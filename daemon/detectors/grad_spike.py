@@ -66,6 +66,7 @@ class _Stream:
 class GradSpike(MetricDetector[_Stream]):
     name: ClassVar[str] = "grad_spike"
     Settings: ClassVar[type[DetectorSettings]] = GradSpikeSettings
+    coalesce: ClassVar[bool] = True
 
     def new_state(self) -> _Stream:
         return _Stream(self.settings)

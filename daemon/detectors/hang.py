@@ -129,8 +129,7 @@ class Hang(StreamDetector[_Stream]):
         out: list[Anomaly] = []
         for key, s in streams(batch).items():
             state = self.state(key)
-            before = state.last_time if np.isfinite(state.last_time) else s.time[0]
-            intervals = np.diff(s.time, prepend=before)[~s.paused]
+            intervals = s.intervals(state.last_time)
             state.intervals.push(intervals[np.isfinite(intervals) & (intervals >= 0)])
             state.last_time = float(s.time[-1])
             if not np.isfinite(state.progress_at):

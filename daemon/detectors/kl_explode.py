@@ -83,6 +83,7 @@ def _rolling_mean(x: np.ndarray, k: int) -> np.ndarray:
 class KlExplode(MetricDetector[_Stream]):
     name: ClassVar[str] = "kl_explode"
     Settings: ClassVar[type[DetectorSettings]] = KlExplodeSettings
+    coalesce: ClassVar[bool] = True
 
     def __init__(self, settings: KlExplodeSettings) -> None:
         super().__init__(settings)

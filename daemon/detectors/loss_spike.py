@@ -90,6 +90,7 @@ class _Stream:
 class LossSpike(MetricDetector[_Stream]):
     name: ClassVar[str] = "loss_spike"
     Settings: ClassVar[type[DetectorSettings]] = LossSpikeSettings
+    coalesce: ClassVar[bool] = True
 
     def __init__(self, settings: LossSpikeSettings) -> None:
         super().__init__(settings)

@@ -50,9 +50,32 @@ class NonFinite(StreamDetector[_Stream]):
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         out: list[Anomaly] = []
+        suspects = self._suspects(batch)
         for key, steps in streams(batch).items():
-            out.extend(self._judge(key, steps))
+            if key in suspects or self.episodes.is_open(key) or self._amp(key, steps):
+                out.extend(self._judge(key, steps))
+            # Else every value is finite and there is no episode to clear nor loss scaler to follow:
+            # nothing to say (most streams of most batches; a busy fleet's batch holds hundreds).
         return out
+
+    def _suspects(self, batch: IngestBatch) -> set[StreamKey]:
+        """The streams with a non-finite value in a judged metric (one check for the whole batch when none has)."""
+        judged = self.settings.metrics
+        columns = [
+            (part, column)
+            for part in batch.steps
+            for name in judged
+            if (column := part.known.get(name) or part.custom.get(name)) is not None
+        ]
+        if not columns or bool(np.isfinite(np.concatenate([values for _, (values, _) in columns])).all()):
+            return set()
+        return {
+            (part.source.run_id, part.source.rank) for part, (values, _) in columns if not np.isfinite(values).all()
+        }
+
+    def _amp(self, key: StreamKey, steps: StreamSteps) -> bool:
+        state = self._streams.get(key)
+        return (state is not None and state.amp) or "step_skipped" in steps.columns or "loss_scale" in steps.columns
 
     def _judge(self, key: StreamKey, s: StreamSteps) -> list[Anomaly]:
         state = self.state(key)

@@ -137,6 +137,7 @@ class _Windows:
 class RewardHack(StreamDetector[_Stream]):
     name: ClassVar[str] = "reward_hack"
     Settings: ClassVar[type[DetectorSettings]] = RewardHackSettings
+    coalesce: ClassVar[bool] = True
 
     def __init__(self, settings: RewardHackSettings) -> None:
         super().__init__(settings)

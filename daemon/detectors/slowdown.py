@@ -54,6 +54,7 @@ class _Stream:
 class Slowdown(StreamDetector[_Stream]):
     name: ClassVar[str] = "slowdown"
     Settings: ClassVar[type[DetectorSettings]] = SlowdownSettings
+    coalesce: ClassVar[bool] = True
 
     def __init__(self, settings: SlowdownSettings) -> None:
         super().__init__(settings, settings.cooldown_windows)

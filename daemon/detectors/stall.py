@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
-
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
 from trainvigil.daemon.detectors._lifecycle import Clock, Sweeper
@@ -69,8 +67,7 @@ class Stall(StreamDetector[_Stream]):
             state = self.state(key)
             state.seen = now
             # The interval ending at each step; those ending on an announced pause do not set the pace.
-            before = state.last_step_time if np.isfinite(state.last_step_time) else s.time[0]
-            intervals = np.diff(s.time, prepend=before)[~s.paused]
+            intervals = s.intervals(state.last_step_time)
             if len(intervals):
                 state.longest = max(state.longest, float(intervals.max()))
             state.last_step_time = float(s.time[-1])

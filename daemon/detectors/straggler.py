@@ -56,6 +56,7 @@ class _Run:
 class Straggler:
     name: ClassVar[str] = "straggler"
     Settings: ClassVar[type[DetectorSettings]] = StragglerSettings
+    coalesce: ClassVar[bool] = True
 
     def __init__(self, settings: StragglerSettings) -> None:
         self.settings = settings
