@@ -19,6 +19,7 @@ import msgspec
 
 from trainvigil.daemon.detectors import DetectorsConfig
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, SCRIPT_FAULTS, WORKLOADS
 from trainvigil.schemas.settings import convert, env_name, from_env, set_path
 
 _NATS_SCHEMES = ("nats", "tls", "ws", "wss")
@@ -149,6 +150,131 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         )
 
 
+_INTERVAL = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)\s*")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_interval(text: str) -> float | None:
+    """``30m``, ``90s``, ``1.5h``, ``7d``, ``500ms`` in seconds; ``None`` when ``text`` is not one."""
+    match = _INTERVAL.fullmatch(text)
+    return float(match.group(1)) * _UNIT_S[match.group(2)] if match else None
+
+
+def _every(key: str, text: str) -> None:
+    interval = parse_interval(text)
+    if interval is not None:
+        _require(key, text, "an interval > 0", interval > 0)
+        return
+    from croniter import croniter  # only for a cron expression
+
+    rule = "an interval like 30m, 90s, 2h, or a cron expression like '*/30 * * * *'"
+    _require(key, text, rule, croniter.is_valid(text))
+
+
+def _names(value: str | list[str]) -> tuple[str, ...]:
+    """A list from TOML, or a comma-separated string (the environment's form)."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def _kinds(key: str, kinds: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    unknown = [k for k in kinds if k not in allowed]
+    _require(key, ", ".join(unknown), f"fault kinds among {', '.join(allowed)} (or all)", not unknown)
+
+
+class CanaryJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A canary of your own (``[[canary.jobs]]``): a training command and the faults to try on it.
+
+    Attributes:
+        name: how verdicts and ``vigil canary run --workload`` name it.
+        command: run as is (split like a shell would, no shell), in ``cwd``, with ``env`` added;
+            it must call ``trainvigil.init()`` and ``trainvigil.torch.watch()`` for the faults to apply.
+        faults: kinds to try (any of ``trainvigil.faults.KINDS``); empty: all of them.
+        fault_step: the step ``VIGIL_FAULT`` names: within the run, after its warm-up.
+    """
+
+    name: str
+    command: str
+    faults: list[str] = []
+    fault_step: int = 100
+    cwd: str = ""
+    env: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        _require(
+            "canary.jobs.name",
+            self.name,
+            "a name of letters, digits, _ and -",
+            bool(re.fullmatch(r"[A-Za-z0-9_-]+", self.name)),
+        )
+        _require("canary.jobs.command", self.command, "a command line", bool(self.command.strip()))
+        _kinds("canary.jobs.faults", tuple(self.faults), SCRIPT_FAULTS)
+        _require("canary.jobs.fault_step", self.fault_step, "an integer >= 0", self.fault_step >= 0)
+
+    @property
+    def fault_kinds(self) -> tuple[str, ...]:
+        return tuple(self.faults) or SCRIPT_FAULTS
+
+
+class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Fault-injection canaries (``[canary]``): small real training jobs that prove the daemon still catches faults.
+
+    Attributes:
+        enabled: run the schedule (``vigil canary run`` works either way).
+        every: an interval (``30m``, ``2h``) or a cron expression (``*/30 * * * *``, UTC). A tick while
+            ``concurrency`` canaries still run is skipped, never queued.
+        faults: the kinds a scheduled canary may get (``all``, or a list / comma-separated kinds).
+        fault_probability: a scheduled canary gets one fault with this probability, else runs clean.
+        concurrency: canaries running at once, at most (``vigil canary run`` ones wait for a slot).
+        timeout_s: a canary still running this long is killed (its process group) and recorded ``error``.
+        settle_s: after a canary ends, how long its data may take to be stored before it is judged anyway.
+        nice: the niceness canaries run at (0-19): training beside them goes first.
+        workloads: the built-in workloads the schedule takes turns with (``trainvigil.canary``; needs torch).
+        jobs: your own canaries, see :class:`CanaryJob`.
+        agent_creds: the agent credentials file canaries connect with when the bus has auth; empty:
+            ``DATA_DIR/bus/agent.toml`` when the bundled broker wrote it (never the daemon's own file).
+        keep_logs: canary logs (``DATA_DIR/canary/<run>.log``, the job's stdout and stderr) kept, newest first.
+    """
+
+    enabled: bool = False
+    every: str = "30m"
+    faults: str | list[str] = "all"
+    fault_probability: float = 0.5
+    concurrency: int = 1
+    timeout_s: float = 600.0
+    settle_s: float = 30.0
+    nice: int = 10
+    workloads: str | list[str] = msgspec.field(default_factory=lambda: list(WORKLOADS))
+    jobs: list[CanaryJob] = []
+    agent_creds: str = ""
+    keep_logs: int = 200
+
+    def __post_init__(self) -> None:
+        _every("canary.every", self.every)
+        _kinds("canary.faults", self.fault_kinds, FAULT_KINDS)
+        p = self.fault_probability
+        _require("canary.fault_probability", p, "a number from 0 to 1", math.isfinite(p) and 0 <= p <= 1)
+        _require("canary.concurrency", self.concurrency, "an integer >= 1", self.concurrency >= 1)
+        _positive("canary.timeout_s", self.timeout_s)
+        _require("canary.settle_s", self.settle_s, "a number >= 0", math.isfinite(self.settle_s) and self.settle_s >= 0)
+        _require("canary.nice", self.nice, "a niceness from 0 to 19", 0 <= self.nice <= 19)
+        unknown = [w for w in self.workload_names if w not in WORKLOADS]
+        _require("canary.workloads", ", ".join(unknown), f"workloads among {', '.join(WORKLOADS)}", not unknown)
+        names = [job.name for job in self.jobs]
+        clash = sorted({n for n in names if names.count(n) > 1 or n in WORKLOADS or n == CLEAN})
+        _require("canary.jobs", ", ".join(clash), "jobs with unique names that are not workloads", not clash)
+        _require("canary.keep_logs", self.keep_logs, "an integer >= 1", self.keep_logs >= 1)
+
+    @property
+    def fault_kinds(self) -> tuple[str, ...]:
+        kinds = _names(self.faults)
+        return FAULT_KINDS if kinds == ("all",) else kinds
+
+    @property
+    def workload_names(self) -> tuple[str, ...]:
+        return _names(self.workloads)
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything ``vigil up`` is configured with.
 
@@ -167,7 +293,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         nats_tls_ca: PEM file of the CA that signed the broker's certificate ("" = the system's CAs).
         connect_timeout_s: ``vigil up`` gives up when the broker cannot be reached within this long.
         http_host, http_port: where ``/healthz`` and ``/metrics`` are served (port 0: off).
-        fetch_batch: messages fetched (and committed in one transaction) at a time, at most.
+        fetch_batch: messages fetched (and committed in one transaction) at a time, at most. A fleet of
+            small messages needs many per fetch: 256 drained ~3 200 messages/s of 4 steps, 1 024 ~4 400.
         fetch_max_bytes: bytes one fetch asks for, at most (raised to one message of the broker's
             ``max_payload``); stay well below the broker's ``max_pending`` (64 MiB by default), or
             it cuts the connection as a slow consumer.
@@ -182,6 +309,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         log_format: ``auto`` (JSON unless stderr is a terminal), ``json`` or ``console``.
         store: the DuckDB history (``[store]``), see :class:`StoreConfig`.
         alerts: the webhook sink (``[alerts]``), see :class:`AlertsConfig`.
+        canary: fault-injection canaries (``[canary]``), see :class:`CanaryConfig`.
         detectors: one table per detector (``[detectors.grad_spike]``), see ``trainvigil.daemon.detectors``.
     """
 
@@ -197,7 +325,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     connect_timeout_s: float = 15.0
     http_host: str = "127.0.0.1"
     http_port: int = 9464
-    fetch_batch: int = 256
+    fetch_batch: int = 1024
     fetch_max_bytes: int = 8 * 2**20
     fetch_timeout_s: float = 0.25
     query_row_limit: int = 10_000
@@ -211,6 +339,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stream: StreamConfig = StreamConfig()
     store: StoreConfig = StoreConfig()
     alerts: AlertsConfig = AlertsConfig()
+    canary: CanaryConfig = msgspec.field(default_factory=CanaryConfig)
     detectors: DetectorsConfig = msgspec.field(default_factory=DetectorsConfig)  # type: ignore[valid-type]
 
     def __post_init__(self) -> None:

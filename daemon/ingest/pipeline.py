@@ -212,7 +212,8 @@ class Ingest:
             if take:
                 self._owed_rounds = self._fruitless_rewinds = 0
                 self.metrics.stuck = ""
-            batch = decode_batch(RawMessage(msgs[i].subject, msgs[i].data, seqs[i]) for i in take)
+            raw = [RawMessage(msgs[i].subject, msgs[i].data, seqs[i]) for i in take]
+            batch = await anyio.to_thread.run_sync(decode_batch, raw)
             batch.losses = losses
             await self._send(seq, batch, [msgs[i] for i in take], msgs[-1].metadata.num_pending, send)
         self.metrics.messages_skipped += len(stale)
@@ -227,7 +228,7 @@ class Ingest:
         # Everything below next_seq is in this batch or an earlier one, or recorded lost: the offset.
         batch.max_seq = seq.next_seq - 1
         batch.now = time.time()
-        batch.anomalies.extend(detectors.run_all(self.detectors, batch))
+        batch.anomalies.extend(await self._detect(batch))
         batch.cache.clear()  # the detectors' merged views: not needed to store the batch, and as large
         await send.send(Fetched(batch, msgs, lag))
 
@@ -269,11 +270,16 @@ class Ingest:
         await self._tick(seq, send)
         return False
 
+    async def _detect(self, batch: IngestBatch) -> list[Anomaly]:
+        """The detectors' alert updates for ``batch``, worked out in a thread: a fleet's batch takes
+        them up to a second, and the event loop meanwhile answers ``/healthz``, queries and the broker."""
+        return await anyio.to_thread.run_sync(detectors.run_all, self.detectors, batch)
+
     async def _tick(self, seq: Sequencer, send: MemoryObjectSendStream[Fetched]) -> None:
         """Nothing arrived: time still passes for detectors that watch silence (stall), and the
         steps held back from the per-step detectors while batches were busy are judged."""
         idle = IngestBatch(max_seq=seq.next_seq - 1, now=time.time())
-        idle.anomalies.extend(detectors.run_all(self.detectors, idle))
+        idle.anomalies.extend(await self._detect(idle))
         if idle.anomalies:
             await send.send(Fetched(idle, [], self.metrics.consumer_lag))
 
