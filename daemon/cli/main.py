@@ -221,7 +221,9 @@ def _up(args: argparse.Namespace) -> int:
     from trainvigil.daemon.app import serve
     from trainvigil.daemon.broker.bus import agents_hint
     from trainvigil.daemon.logs import configure
+    from trainvigil.daemon.malloc import tune
 
+    tune()  # before any thread starts: big buffers back to the system when freed (see daemon/malloc.py)
     cfg = config_mod.load(
         args.config,
         {
