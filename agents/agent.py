@@ -285,9 +285,11 @@ class Agent:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None and not self._crash:
-            self._crash = _crash.describe(exc_type, exc)
-        self.close(status="ok" if exc_type is None else "error")
+        # Ctrl-C (or a canary runner's SIGINT) is someone stopping the run, not a crash: as at top level.
+        crashed = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
+        if crashed and not self._crash:
+            self._crash = _crash.describe(exc_type, exc)  # type: ignore[arg-type]
+        self.close(status="error" if crashed else "ok")
 
     # ---- fork ----------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -501,3 +502,25 @@ def test_disabled_agent_is_a_no_op(tmp_path: Path) -> None:
     agent.event("x")
     assert agent.close(timeout=0.1) is True
     assert agent.stats()["connected"] is False
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [(None, "ok"), (KeyboardInterrupt, "ok"), (ValueError, "error")],
+    ids=["clean", "ctrl-c", "crash"],
+)
+def test_leaving_the_with_block_ends_the_run_as_ok_unless_it_crashed(
+    offline_agent: Agent, monkeypatch: pytest.MonkeyPatch, raised: type[BaseException] | None, status: str
+) -> None:
+    """Ctrl-C (or a canary runner's SIGINT) stops a run; only a real exception makes it an error (run_failed)."""
+    closes: list[tuple[str, str]] = []
+    worker = offline_agent._worker
+    real = worker.request_close
+    monkeypatch.setattr(
+        worker, "request_close", lambda timeout, st, crash: (closes.append((st, crash)), real(timeout, st, crash))[1]
+    )
+    with pytest.raises(raised) if raised else contextlib.nullcontext(), offline_agent:
+        if raised:
+            raise raised("stop")
+    assert closes and closes[0][0] == status
+    assert bool(closes[0][1]) is (status == "error")
