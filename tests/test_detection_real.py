@@ -71,9 +71,12 @@ def test_each_real_fault_is_caught_by_its_detector_within_budget(name: str, dete
     assert caught[0].severity == "page"
 
 
-def test_after_an_lr_blow_up_reward_hack_does_not_blame_the_reward_model() -> None:
-    fault = _fault("ppo-cartpole-lr-x50")
-    blamed = [a for a in _opened("ppo-cartpole-lr-x50") if a.detector == "reward_hack" and (a.step or 0) >= fault]
+@pytest.mark.parametrize("name", ["ppo-cartpole-lr-x50", "ppo-acrobot-lr-x100"])
+def test_after_an_lr_blow_up_reward_hack_does_not_blame_the_reward_model(name: str) -> None:
+    """Nor the entropy bonus: a policy its LR blew up collapses its entropy too (Acrobot x100 did, 166 updates
+    after the jump), and that is kl_explode's page."""
+    fault = _fault(name)
+    blamed = [(a.step, a.message[:80]) for a in _opened(name) if a.detector == "reward_hack" and (a.step or 0) >= fault]
     assert blamed == []
 
 

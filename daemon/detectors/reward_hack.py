@@ -241,7 +241,7 @@ class RewardHack(StreamDetector[_Stream]):
         out: list[tuple[str, Callable[[int], Finding]]] = []
         for j in range(len(w.ends)):
             past = self._past(w, j)
-            if past is not None and (found := self._against_past(past)) is not None:
+            if past is not None and (found := self._against_past(past, early.lr)) is not None:
                 out.append(found)
             elif collapsed[j] and not _lr_jumped(past, early.lr):
                 median = float(np.nanmedian(w.window("entropy", j)))
@@ -269,8 +269,11 @@ class RewardHack(StreamDetector[_Stream]):
                 out[name] = (float(np.median(ok_now)), float(np.median(ok_ref)))
         return out if "reward" in out else None
 
-    def _against_past(self, past: dict[str, tuple[float, float]]) -> tuple[str, Callable[[int], Finding]] | None:
-        """The rules judged against the run's own recent past: a falling true return, a fast entropy collapse."""
+    def _against_past(
+        self, past: dict[str, tuple[float, float]], early_lr: float
+    ) -> tuple[str, Callable[[int], Finding]] | None:
+        """The rules judged against the run's own recent past: a falling true return, a fast entropy collapse
+        (not after an lr jump: a policy blown up by its LR collapses too, and that is kl_explode's page)."""
         cfg = self.settings
         reward_now, reward_ref = past["reward"]
         if "eval" in past:
@@ -281,7 +284,8 @@ class RewardHack(StreamDetector[_Stream]):
         if "entropy" in past and reward_now >= reward_ref:
             entropy_now, entropy_ref = past["entropy"]
             lr_now, lr_ref = past.get("lr", (1.0, 1.0))
-            if entropy_ref > 0 and entropy_now < cfg.entropy_drop * entropy_ref and lr_now >= cfg.lr_kept * lr_ref:
+            kept = lr_now >= cfg.lr_kept * lr_ref and not _lr_jumped(past, early_lr)
+            if entropy_ref > 0 and entropy_now < cfg.entropy_drop * entropy_ref and kept:
                 return "entropy_fast", partial(self._entropy_fast_finding, entropy_now, entropy_ref, lr_now, lr_ref)
         return None
 
