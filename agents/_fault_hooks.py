@@ -9,8 +9,10 @@ Installed only when ``VIGIL_FAULT`` armed a plan (:mod:`.faults`); without one `
 * ``lr_spike``: every group's ``lr`` x100 for each optimizer step from K, put back after it, so an LR
   scheduler keeps computing from its own values;
 * ``slowdown``: before each optimizer step from K, a sleep of half the step's measured time (1.5x);
+  ``straggler`` is the same slowdown, armed by the ``two_rank`` canary in one rank only;
 * ``stall``: the training thread blocks before optimizer step K until the agent closes;
-* ``gil``: a pure-Python busy thread starts at step K and runs until the agent closes;
+* ``gil``: ``GIL_THREADS`` pure-Python busy threads start at step K and run until the agent closes (a
+  queue for the GIL, as busy tokenizer or logging threads make; one thread alone barely queues);
 * ``ckpt_corrupt``: a bit flipped in the file the first ``checkpoint.save(step=S >= K)`` wrote.
 """
 
@@ -30,6 +32,9 @@ from .faults import FaultPlan
 GRAD_FACTOR = 1000.0
 LR_FACTOR = 100.0
 SLOWDOWN = 1.5
+GIL_THREADS = 3
+"""One busy thread makes the training thread wait about one switch interval for the GIL, which
+``gil_contention`` rightly leaves alone (held < 0.7 or no queue, on a quiet or a loaded machine); three make a queue."""
 
 
 class TrainingFaults:
@@ -51,7 +56,8 @@ class TrainingFaults:
         self._step = step
         self._sync = sync  # makes a step's measured time the device's (slowdown on an accelerator)
         self._nan, self._spike = plan.get("nan_grad"), plan.get("grad_spike")
-        self._lr, self._slow = plan.get("lr_spike"), plan.get("slowdown")
+        self._lr = plan.get("lr_spike")
+        self._slow = tuple(f for f in (plan.get("slowdown"), plan.get("straggler")) if f is not None)
         self._gil, self._stall = plan.get("gil"), plan.get("stall")
         self._spike_step: int | None = None
         self._saved_lr: list[Any] | None = None
@@ -100,25 +106,27 @@ class TrainingFaults:
             self._saved_lr = [group["lr"] for group in optimizer.param_groups]
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * LR_FACTOR
-        if self._slow is not None:
+        if self._slow:
             self._slow_down(step)
         if self._gil is not None and plan.due(self._gil, step):
-            thread = threading.Thread(target=_burn, args=(plan.released,), name="trainvigil-fault-gil", daemon=True)
-            thread.start()
-            plan.fired(self._gil, step, thread=thread.name)
+            names = [f"trainvigil-fault-gil-{i}" for i in range(GIL_THREADS)]
+            for name in names:
+                threading.Thread(target=_burn, args=(plan.released,), name=name, daemon=True).start()
+            plan.fired(self._gil, step, threads=names)
         if self._stall is not None and plan.due(self._stall, step):
             plan.fired(self._stall, step)
             plan.released.wait()  # until the agent closes (another thread) or the process is killed
 
     def _slow_down(self, step: int) -> None:
         """Sleep (SLOWDOWN - 1) times the work since the last step resumed: each step takes SLOWDOWN times as long."""
-        assert self._slow is not None
         if self._sync is not None:
             self._sync()
         now = time.perf_counter()
-        if step >= self._slow.step and self._resumed is not None:
-            if self.plan.due(self._slow, step):
-                self.plan.fired(self._slow, step, factor=SLOWDOWN)
+        started = [f for f in self._slow if step >= f.step]
+        if started and self._resumed is not None:
+            for fault in started:
+                if self.plan.due(fault, step):
+                    self.plan.fired(fault, step, factor=SLOWDOWN)
             time.sleep((SLOWDOWN - 1.0) * (now - self._resumed))
         self._resumed = time.perf_counter()
 

@@ -117,6 +117,12 @@ def make_event(now: float, kind: Any, step: Any, fields: Mapping[str, Any]) -> t
     if step is not None and good_step is None:
         refused.append(("bad_step", f"{where}: step {describe(step)} is not an int"))
     where = where if good_step is None else f"{where} at step {good_step}"
+    return RunEvent(time=now, kind=kind, step=good_step, fields=clean_fields(where, fields, refused)), refused
+
+
+def clean_fields(where: str, fields: Mapping[str, Any], refused: list[tuple[str, str]]) -> dict[str, Any]:
+    """``fields`` as wire values (an event's fields, a run's config), within one event's size budget;
+    what is left out goes to ``refused`` as (``bad_field``, description naming ``where``)."""
     cleaner = _Cleaner(where, refused)
     out: dict[str, Any] = {}
     for name, value in fields.items():
@@ -124,7 +130,7 @@ def make_event(now: float, kind: Any, step: Any, fields: Mapping[str, Any]) -> t
         clean = cleaner.clean(value, 2, name) if utf8(name) else cleaner.refuse(name, "has a name that is not UTF-8")
         if clean is not _REFUSED:
             out[name] = clean
-    return RunEvent(time=now, kind=kind, step=good_step, fields=out), refused
+    return out
 
 
 def _is_tensor(value: Any) -> bool:

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from concurrent.futures import Future
 from types import TracebackType
@@ -29,7 +29,7 @@ from trainvigil.schemas.limits import MAX_TEXT
 
 from . import _crash, _current, faults
 from ._drops import Drops
-from ._values import make_event, wire_text
+from ._values import clean_fields, make_event, wire_text
 from .columnar import Entry
 from .gil import GilResult, GilSampler
 from .options import AgentOptions, announce_run_id, resolve
@@ -49,11 +49,17 @@ class Agent:
     :meth:`close`; an interpreter exit also flushes it within ``close_timeout``.
     """
 
-    def __init__(self, options: AgentOptions) -> None:
+    def __init__(self, options: AgentOptions, config: Mapping[str, Any] | None = None) -> None:
         self.options = options
         self._max_buffer = options.max_buffer if options.enabled else 0
         self._closed = False
         self._drops = Drops()
+        refused: list[tuple[str, str]] = []
+        self.config = clean_fields("run config", config or {}, refused)
+        """What the run declares about itself (``run_start``): hyper-parameters, and the names the
+        detectors read (``target_kl``, ``val_metric``, ``eval_metric``); values as event fields take them."""
+        for reason, note in refused:
+            self._drops.add(reason, note=note)
         self._last_step: int | None = None
         self._crash = ""
         """The uncaught exception the process is ending with ("" while none): its ``run_end`` says so."""
@@ -84,7 +90,7 @@ class Agent:
         if not opts.enabled:
             return
         argv = [wire_text(arg, MAX_TEXT) for arg in sys.argv]  # a huge or undecodable argument never costs the start
-        self._records.append(RunStart(time=time.time(), argv=argv, agent_version=__version__))
+        self._records.append(RunStart(time=time.time(), argv=argv, agent_version=__version__, config=self.config))
         self._worker = Worker(
             opts,
             self.source,
@@ -331,6 +337,8 @@ def init(
     run_id: str | None = None,
     rank: int | None = None,
     nats_url: str | None = None,
+    *,
+    config: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Agent:
     """Start an agent for this process.
@@ -340,6 +348,10 @@ def init(
             run id, else generated and printed once.
         rank: default ``RANK`` from the environment (torchrun sets it), else 0.
         nats_url: default ``VIGIL_NATS_URL``, else ``nats://127.0.0.1:4222``.
+        config: the run's configuration, sent once in its ``run_start`` (``runs``/``events`` in SQL):
+            hyper-parameters, and what detectors read, e.g. ``{"target_kl": 0.015}`` (``kl_explode``),
+            ``{"val_metric": "val_nll"}`` (``generalisation``), ``{"eval_metric": ...}`` (``reward_hack``).
+            JSON-like values, converted as :meth:`Agent.event` fields are.
         **options: any :class:`~trainvigil.agents.options.AgentOptions` field, e.g.
             ``flush_interval=0.5``.
 
@@ -351,7 +363,7 @@ def init(
     planned = faults.from_env()  # a malformed VIGIL_FAULT stops the run here, before anything starts
     if generated and opts.enabled:
         announce_run_id(opts.run_id)
-    agent = Agent(opts)
+    agent = Agent(opts, config)
     _current.set_to(agent)
     faults.arm(planned, agent)
     return agent

@@ -8,6 +8,10 @@ value is a :class:`~trainvigil.errors.ConfigError` at ``init()``, never a silent
 
 This module is the plan (parsing, which faults fired, the ``fault_injected`` / ``fault_missed``
 events); :mod:`._fault_hooks` applies it to the optimizer, the gradients and the checkpoint file.
+
+Three kinds (:data:`CANARY_KINDS`) only make sense inside a canary workload (two ranks, the RL
+learner): a script is refused them unless it called :func:`accept` before ``init()``, which is
+how ``trainvigil.canary``'s workloads say that they apply them.
 """
 
 from __future__ import annotations
@@ -31,7 +35,29 @@ KINDS = ("nan_grad", "grad_spike", "lr_spike", "slowdown", "stall", "ckpt_corrup
 CANARY_KINDS = ("straggler", "kl_explode", "reward_hack")
 """Kinds that need a canary workload (two ranks, the RL learner): refused in ordinary scripts."""
 _STEP = re.compile(r"[0-9]+")
-_USAGE = f"valid kinds: {', '.join(KINDS)}; write {ENV}=<kind>@<step>[,<kind>@<step>], e.g. nan_grad@50"
+_accepted: tuple[str, ...] = ()
+"""The workload-only kinds this process applies (:func:`accept`); none in an ordinary script."""
+
+
+def accept(*kinds: str) -> None:
+    """Let ``VIGIL_FAULT`` name the workload-only ``kinds`` in this process (none: refuse them all again).
+
+    A canary workload calls it before ``trainvigil.init()`` for the kinds it applies itself
+    (``rl``: ``kl_explode``, ``reward_hack``; a rank of ``two_rank``: ``straggler``); every other
+    process keeps refusing them with a ``ConfigError`` saying that they need a canary workload.
+
+    Raises:
+        ValueError: a kind that is not one of :data:`CANARY_KINDS`.
+    """
+    global _accepted
+    unknown = [k for k in kinds if k not in CANARY_KINDS]
+    if unknown:
+        raise ValueError(f"not workload-only fault kinds: {', '.join(unknown)} (those are {', '.join(CANARY_KINDS)})")
+    _accepted = tuple(k for k in CANARY_KINDS if k in kinds)
+
+
+def _valid() -> tuple[str, ...]:
+    return (*KINDS, *_accepted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +72,18 @@ class Fault:
 
 
 def _bad(text: str, problem: str) -> ConfigError:
-    return ConfigError(f"{ENV}={text!r}: {problem}; {_USAGE}", key=ENV)
+    usage = f"valid kinds: {', '.join(_valid())}; write {ENV}=<kind>@<step>[,<kind>@<step>], e.g. nan_grad@50"
+    return ConfigError(f"{ENV}={text!r}: {problem}; {usage}", key=ENV)
 
 
 def _fault(text: str, item: str) -> Fault:
     kind, at, step = (part.strip() for part in item.partition("@"))
     if not at:
         raise _bad(text, f"{item.strip()!r} is not <kind>@<step>" if item.strip() else "an empty item (a stray comma?)")
-    if kind in CANARY_KINDS:
+    if kind in CANARY_KINDS and kind not in _accepted:
         raise _bad(text, f"{kind!r} needs a canary workload (two ranks or the RL learner), not a training script")
-    if kind not in KINDS:
-        close = difflib.get_close_matches(kind.lower(), KINDS, n=1)
+    if kind not in _valid():
+        close = difflib.get_close_matches(kind.lower(), _valid(), n=1)
         raise _bad(text, f"unknown kind {kind!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     if not _STEP.fullmatch(step):
         raise _bad(text, f"{item.strip()!r}: the step must be a whole number >= 0")
@@ -167,4 +194,4 @@ def disarm(plan: FaultPlan) -> None:
         _armed = None
 
 
-__all__ = ["CANARY_KINDS", "ENV", "KINDS", "Fault", "FaultPlan", "armed", "from_env", "parse"]
+__all__ = ["CANARY_KINDS", "ENV", "KINDS", "Fault", "FaultPlan", "accept", "armed", "from_env", "parse"]

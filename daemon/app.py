@@ -17,6 +17,7 @@ from trainvigil.daemon.alerts.fanout import Alerts
 from trainvigil.daemon.broker.bus import access, embedded_setup
 from trainvigil.daemon.broker.embedded import BrokerUnavailableError, port_open, speaks_nats, supervise
 from trainvigil.daemon.broker.jetstream import ensure_stream
+from trainvigil.daemon.canary import Canaries
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.ingest.pipeline import Ingest
 from trainvigil.daemon.metrics import DaemonMetrics
@@ -166,9 +167,10 @@ async def serve(
     """Run the daemon until SIGTERM/SIGINT (or, with ``drain``, until the stream is consumed).
 
     Start-up order: broker (embedded if needed) → store → stream → HTTP → query responder
-    → alerts (webhook worker) → ingest. On a signal the ingest stage finishes the batch in
-    hand, commits, acks and publishes its alerts; queued webhook posts get ``alerts.drain_s``;
-    everything else is cancelled.
+    → alerts (webhook worker) → canaries (trigger, schedule) → ingest. On a signal the ingest
+    stage finishes the batch in hand, commits, acks and publishes its alerts; queued webhook
+    posts get ``alerts.drain_s``; everything else is cancelled (running canaries are killed and
+    recorded ``aborted``).
     """
     metrics = DaemonMetrics()
     store = Store(
@@ -186,10 +188,11 @@ async def serve(
                 js = nc.jetstream()
                 await _with_retries(lambda: ensure_stream(js, config.stream), url, config.connect_timeout_s)
                 if config.http_port:
-                    await tg.start(serve_http, config.http_host, config.http_port, metrics)
+                    await tg.start(serve_http, config.http_host, config.http_port, metrics, config.http_token_file)
                 await tg.start(serve_queries, nc, store, config, metrics)
                 alerts = Alerts(nc, config.alerts, metrics)
                 await tg.start(alerts.serve)
+                await tg.start(Canaries(nc, store, config, metrics, alerts, url).serve)
                 ingest = Ingest(js, store, config, metrics, alerts)
                 tg.start_soon(_watch_signals, ingest)
                 log.info(

@@ -54,6 +54,32 @@ def _nats_url(key: str, url: str) -> None:
     _require(key, url, "a NATS URL like nats://HOST:PORT (schemes: nats, tls, ws, wss)", ok)
 
 
+_SECRET = re.compile(r"[\x21-\x7e]+")
+"""Printable ASCII without spaces: what a bearer token and a base64 key are made of, and safe in a header."""
+
+
+def read_secret(key: str, path: str) -> str:
+    """The secret in the file at ``path``, which the setting ``key`` (e.g. ``http_token_file``) names.
+
+    Secrets come from files only: a value on the command line or in a variable shows in ``ps`` and
+    ``/proc/PID/environ`` to every process of the user. Surrounding whitespace (an editor's
+    trailing newline) is dropped. Read at start-up, so a missing file stops ``vigil up`` at once.
+
+    Raises:
+        ConfigError: the file cannot be read, is empty, or holds more than printable ASCII without
+            spaces; the message names ``key`` and ``path``, never the file's contents.
+    """
+    where = f"{key} ({env_name(tuple(key.split('.')))}): {path}"
+    try:
+        secret = Path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        problem = f"cannot be read ({exc.strerror or exc})" if isinstance(exc, OSError) else "is not ASCII text"
+        raise ConfigError(f"{where} {problem}; point it at a file holding the secret alone", key=key) from None
+    if not _SECRET.fullmatch(secret):
+        raise ConfigError(f"{where} must hold one secret of printable ASCII without spaces", key=key)
+    return secret
+
+
 class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The JetStream stream and the daemon's durable consumer.
 
@@ -116,12 +142,23 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require("store.memory_limit_bytes", self.memory_limit_bytes, "0 (DuckDB's default) or >= 32 MiB", limit_ok)
 
 
+def _http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number or out of range
+        return False
+
+
 class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where alerts go besides NATS, DuckDB and the log.
 
     Attributes:
         webhook_url: ``http(s)://`` URL that gets a JSON POST per alert update (Slack-compatible
-            body); empty: no webhook.
+            body); empty: no webhook. The only URL ever called: redirects are not followed.
+        webhook_secret_file: a file holding the HMAC-SHA256 key the posts are signed with (Standard
+            Webhooks: ``webhook-id``, ``webhook-timestamp``, ``webhook-signature``); empty: unsigned.
+        webhook_token_file: a file holding a bearer token sent as ``Authorization``; empty: none.
         timeout_s: one POST (connect, send, status line) gives up after this long.
         retries: further attempts after a failed one (connection error, timeout, 5xx, 408, 429).
         backoff_s: wait before the first retry; doubled for each later one, up to ``backoff_max_s``.
@@ -130,6 +167,8 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """
 
     webhook_url: str = ""
+    webhook_secret_file: str = ""
+    webhook_token_file: str = ""
     timeout_s: float = 5.0
     retries: int = 3
     backoff_s: float = 1.0
@@ -138,8 +177,11 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.webhook_url and not self.webhook_url.startswith(("http://", "https://")):
-            raise ValueError(f"alerts.webhook_url must start with http:// or https://, not {self.webhook_url!r}")
+        if self.webhook_url and not _http_url(self.webhook_url):
+            # The value is not repeated: a webhook URL often holds a secret (Slack's path does).
+            raise ValueError(
+                "alerts.webhook_url (VIGIL_ALERTS_WEBHOOK_URL) must be an http:// or https:// URL with a host"
+            )
         if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.queue_size < 1 or self.drain_s < 0:
             raise ValueError("alerts: timeout_s and queue_size must be positive; retries, backoff_s, drain_s >= 0")
         _require(
@@ -293,6 +335,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         nats_tls_ca: PEM file of the CA that signed the broker's certificate ("" = the system's CAs).
         connect_timeout_s: ``vigil up`` gives up when the broker cannot be reached within this long.
         http_host, http_port: where ``/healthz`` and ``/metrics`` are served (port 0: off).
+        http_token_file: a file holding the bearer token every HTTP request but ``/healthz`` must
+            carry (``Authorization: Bearer <token>``); empty: none.
         fetch_batch: messages fetched (and committed in one transaction) at a time, at most. A fleet of
             small messages needs many per fetch: 256 drained ~3 200 messages/s of 4 steps, 1 024 ~4 400.
         fetch_max_bytes: bytes one fetch asks for, at most (raised to one message of the broker's
@@ -325,6 +369,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     connect_timeout_s: float = 15.0
     http_host: str = "127.0.0.1"
     http_port: int = 9464
+    http_token_file: str = ""
     fetch_batch: int = 1024
     fetch_max_bytes: int = 8 * 2**20
     fetch_timeout_s: float = 0.25

@@ -75,6 +75,37 @@ class DaemonMetrics:
     batch_write_seconds: Histogram = field(default_factory=Histogram)
     queries: Counter[str] = field(default_factory=Counter)
     broker_connected: bool = False
+    canary_verdicts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Canary verdicts by (fault kind or ``none``, verdict)."""
+    canary_last: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    """Per fault kind: when its latest canary was judged (Unix seconds) and whether it passed."""
+    canaries_running: int = 0
+
+    def canary_judged(self, fault: str, verdict: str, at: float) -> None:
+        """Count one verdict; an ``aborted`` canary says nothing about the detectors, so the last-run gauges skip it."""
+        self.canary_verdicts[fault, verdict] += 1
+        if verdict != "aborted":
+            self.canary_last[fault] = (at, verdict == "pass")
+
+    def _render_canaries(self) -> list[str]:
+        last = sorted(self.canary_last.items())
+        return [
+            "# HELP vigil_canary_verdicts_total Canary verdicts, by fault kind (none: a clean twin) and verdict.",
+            "# TYPE vigil_canary_verdicts_total counter",
+            *[
+                f'vigil_canary_verdicts_total{{fault="{f}",verdict="{v}"}} {n}'
+                for (f, v), n in sorted(self.canary_verdicts.items())
+            ],
+            "# HELP vigil_canary_last_timestamp_seconds When the latest canary of a fault kind was judged.",
+            "# TYPE vigil_canary_last_timestamp_seconds gauge",
+            *[f'vigil_canary_last_timestamp_seconds{{fault="{f}"}} {t:.3f}' for f, (t, _) in last],
+            "# HELP vigil_canary_last_passed Whether the latest canary of a fault kind passed (1) or not (0).",
+            "# TYPE vigil_canary_last_passed gauge",
+            *[f'vigil_canary_last_passed{{fault="{f}"}} {int(ok)}' for f, (_, ok) in last],
+            "# HELP vigil_canaries_running Canary jobs running now.",
+            "# TYPE vigil_canaries_running gauge",
+            f"vigil_canaries_running {self.canaries_running}",
+        ]
 
     def render(self) -> str:
         """The Prometheus text exposition of every counter."""
@@ -175,4 +206,5 @@ class DaemonMetrics:
             "# TYPE vigil_batch_write_seconds histogram",
             *self.batch_write_seconds.render("vigil_batch_write_seconds"),
         ]
+        out += self._render_canaries()
         return "\n".join(out) + "\n"

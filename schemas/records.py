@@ -18,7 +18,7 @@ import msgspec
 from .limits import Count32, Count64, Frames, Int32, Int64, Name, Rank, Text, Time
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 
 KNOWN_METRICS: tuple[str, ...] = (
     "loss",
@@ -181,7 +181,15 @@ class Anomaly(_Record, frozen=True, tag="anomaly"):
 
 
 class CanaryResult(_Record, frozen=True, tag="canary"):
-    """The verdict of one fault-injection canary job."""
+    """The verdict of one fault-injection canary job (the daemon's ``canary_results`` row).
+
+    ``name`` is the canary's run id (``canary-<id>``), ``fault`` a ``VIGIL_FAULT`` kind or ``none``
+    (a clean twin), ``fault_step`` the step the fault was injected at. ``verdict`` (minor 3) is
+    ``pass``, ``fail`` (the detector missed, was late, or another one paged; a clean twin raised
+    an alert), ``error`` (the job crashed, timed out, or never injected its fault) or ``aborted``
+    (the daemon stopped first); ``passed`` is ``verdict == "pass"``. Latencies run from the
+    injection to the expected detector's episode; ``duration_s`` is the job's wall time.
+    """
 
     name: Name
     fault: Name
@@ -191,6 +199,13 @@ class CanaryResult(_Record, frozen=True, tag="canary"):
     fired_step: Int64 | None = None
     latency_steps: Int64 | None = None
     detail: Text = ""
+    workload: Name = ""
+    verdict: Literal["", "pass", "fail", "error", "aborted"] = ""
+    """Empty from a producer older than minor 3: read ``passed``."""
+    fired_detector: Name = ""
+    latency_s: float | None = None
+    exit_code: Int32 | None = None
+    duration_s: float | None = None
 
 
 Record = StepBatch | RunStart | RunEnd | RunEvent | Heartbeat | GilSample | CheckpointDigest | Anomaly | CanaryResult

@@ -20,6 +20,11 @@ class HookServer:
         self.plan = plan
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.bodies: list[bytes] = []
+        """Each request's body as sent (what a signature covers)."""
+        self.paths: list[str] = []
+        self.location = ""
+        """Sent as ``Location`` with a 3xx answer."""
         self.release = threading.Event()
         self._lock = threading.Lock()
         hook = self
@@ -31,10 +36,14 @@ class HookServer:
                     status = hook.plan[min(len(hook.requests), len(hook.plan) - 1)]
                     hook.requests.append(json.loads(body))
                     hook.headers.append(dict(self.headers))
+                    hook.bodies.append(body)
+                    hook.paths.append(self.path)
                 if status == HANG:
                     hook.release.wait(120)
                     return
                 self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", hook.location)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")

@@ -32,7 +32,7 @@ from trainvigil.agents._values import MAX_ITEMS, make_event
 from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import StreamConfig
-from trainvigil.schemas import Envelope, RunEvent, StepBatch, decode, run_token
+from trainvigil.schemas import Envelope, RunEvent, RunStart, StepBatch, decode, run_token
 from trainvigil.schemas.limits import MAX_FIELDS_DEPTH, MAX_NAME, fields_depth
 from trainvigil.schemas.subjects import PREFIX
 
@@ -811,3 +811,21 @@ def test_fuzz_every_well_formed_step_arrives_and_close_says_whether_anything_was
     assert sorted(rows, key=repr) == sorted(script["rows"], key=repr)
     assert [(e.kind, e.step, _canon(e.fields)) for e in events] == script["expected_events"]
     assert not _errors(caplog), "no value may reach the worker's last-resort error handling"
+
+
+def test_init_config_goes_out_in_run_start_converted_and_what_cannot_is_named(broker: str, tmp_path: Path) -> None:
+    """``trainvigil.init(config=...)``: how a run declares ``target_kl``/``val_metric``/``eval_metric``."""
+    config = {"target_kl": np.float64(0.015), "layers": np.array([4, 8]), "name": "ppo", "opaque": object()}
+    agent = trainvigil.init(run_id="declared", nats_url=broker, spill_dir=tmp_path, flush_interval=0.02, config=config)
+    agent.log(0, loss=1.0)
+    assert agent.close(timeout=10) is False, "a config value was left out: close() says something was lost"
+    dropped = agent.stats()["dropped"]
+    assert dropped == {"bad_field": 1}, dropped
+    starts = [
+        r
+        for _, envelope in asyncio.run(_read_run(broker, "declared"))
+        for r in envelope.records
+        if isinstance(r, RunStart)
+    ]
+    assert [s.config for s in starts] == [{"target_kl": 0.015, "layers": [4, 8], "name": "ppo"}]
+    assert type(starts[0].config["target_kl"]) is float

@@ -18,6 +18,7 @@ from support import wait_for
 import trainvigil
 from trainvigil import checkpoint, faults
 from trainvigil.agents import faults as plans
+from trainvigil.agents._fault_hooks import GIL_THREADS
 from trainvigil.errors import CheckpointIntegrityError, ConfigError
 from trainvigil.torch import Watch, watch
 
@@ -321,25 +322,28 @@ def test_stall_blocks_the_training_thread_at_step_k_until_the_agent_closes(
     assert agent.of("fault_injected") == [(6, {"kind": "stall", "planned_step": 6})]
 
 
-def test_gil_starts_a_busy_python_thread_at_step_k(arm: Callable[[str], RecordingAgent]) -> None:
+def test_gil_starts_busy_python_threads_at_step_k(arm: Callable[[str], RecordingAgent]) -> None:
     agent = arm("gil@5")
     model, opt, _ = _watched(agent, 0.01)
-    seen: list[bool] = []
+    seen: list[int] = []
 
-    def busy() -> threading.Thread | None:
-        return next((t for t in threading.enumerate() if t.name == "trainvigil-fault-gil"), None)
+    def busy() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("trainvigil-fault-gil-")]
 
-    _loop(model, opt, 8, after_step=lambda _s: seen.append(busy() is not None))
-    assert seen == [False] * 5 + [True] * 3
-    thread = busy()
-    assert thread is not None and thread.ident is not None
-    clock = time.pthread_getcpuclockid(thread.ident)
-    start = time.clock_gettime(clock)
-    wait_for(lambda: time.clock_gettime(clock) > start + 0.05, 30, "the busy thread to burn CPU")
+    _loop(model, opt, 8, after_step=lambda _s: seen.append(len(busy())))
+    assert seen == [0] * 5 + [GIL_THREADS] * 3
+    threads = busy()
+    for thread in threads:
+        assert thread.ident is not None
+        clock = time.pthread_getcpuclockid(thread.ident)
+        start = time.clock_gettime(clock)
+        wait_for(lambda c=clock, s=start: time.clock_gettime(c) > s + 0.05, 30, "each busy thread to burn CPU")
     agent.close()
-    thread.join(timeout=10)
-    assert not thread.is_alive(), "the busy thread ends with the agent"
-    assert agent.of("fault_injected") == [(5, {"kind": "gil", "planned_step": 5, "thread": "trainvigil-fault-gil"})]
+    for thread in threads:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "the busy threads end with the agent"
+    names = [f"trainvigil-fault-gil-{i}" for i in range(GIL_THREADS)]
+    assert agent.of("fault_injected") == [(5, {"kind": "gil", "planned_step": 5, "threads": names})]
 
 
 def test_ckpt_corrupt_flips_the_first_save_at_or_after_k_so_its_load_fails(

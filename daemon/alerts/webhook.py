@@ -1,29 +1,42 @@
 """The webhook alert sink: one JSON POST per alert update, never on the ingest path.
 
 Ingest hands updates over with :meth:`WebhookSink.offer`, which never waits: they go into a
-bounded memory stream, and one worker task posts them in order, each with a timeout and
+bounded memory stream, and one worker task posts them in order, each with a deadline and
 retries under the one retry policy (:func:`trainvigil.schemas.settings.retrying`: exponential
 backoff from ``alerts.backoff_s``, ``alerts.retries`` further attempts). A slow or dead
 webhook therefore only fills the queue; once it is full the **oldest** queued update is
 dropped (the newer state of an incident is the more useful one), counted as
 ``vigil_alert_webhook_total{outcome="dropped"}`` and logged.
 
-The body is Slack-compatible: ``{"text": "<one line>", ...every Anomaly field}``. HTTP is a
-minimal HTTP/1.1 client on anyio streams (TLS for ``https://``), so a hung server is
-cancelled cleanly by the timeout and by shutdown; proxies are not supported.
+What an alert may decide and what it may not: its fields (run ids, messages: an agent can put
+anything there) only ever travel inside the JSON body, escaped by ``json.dumps``. The URL, the
+method and every header come from the configuration; a redirect is an answer, never followed
+(it would carry the body and the credentials elsewhere). Credentials (a bearer token, the
+signing key of :mod:`._signing`) are read from files at start-up and never logged: error text
+is scrubbed of them and of the URL's path.
+
+HTTP is httpx rather than a hand-written client: it honours ``HTTP(S)_PROXY``/``NO_PROXY``,
+checks TLS against the system's CAs (``SSL_CERT_FILE`` applies), parses answers properly and
+refuses a header with CR/LF in it; the pure-Python wheels (httpx, httpcore, h11, certifi) are
+small. Each attempt also runs under one overall deadline, since httpx's timeouts apply per read.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
+import time
 import urllib.parse
+from collections.abc import Mapping
 
 import anyio
+import httpx
 import structlog
-from anyio.abc import ByteStream, TaskStatus
+from anyio.abc import TaskStatus
 
+from trainvigil.daemon.alerts._signing import SECRET_KEY, message_id, signature_headers, signing_key
 from trainvigil.daemon.alerts.format import as_json, summary
-from trainvigil.daemon.config import AlertsConfig
+from trainvigil.daemon.config import AlertsConfig, read_secret
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.schemas import Anomaly
 from trainvigil.schemas.settings import retrying
@@ -31,29 +44,36 @@ from trainvigil.schemas.settings import retrying
 log = structlog.get_logger("trainvigil.alerts")
 
 _RETRY_STATUS = frozenset({408, 429})
+_TRANSIENT = (httpx.TransportError, OSError)
+_OUR_FAULT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
+"""Transport errors that are about the request itself: trying again cannot help."""
 
 
-class WebhookResponseError(OSError):
-    """The server closed the connection or answered something that is not HTTP."""
+class WebhookError(Exception):
+    """One attempt failed. Its text is safe to log (the retry policy logs it too): no credentials, no
+    URL path. ``retry``: whether trying again may help."""
+
+    def __init__(self, message: str, *, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
-class WebhookStatusError(Exception):
-    """The webhook answered with a status other than 2xx; ``retry``: whether trying again may help."""
+class WebhookStatusError(WebhookError):
+    """The webhook answered with a status other than 2xx: 5xx, 408 and 429 are worth retrying."""
 
     def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
+        moved = " (a redirect, not followed: set alerts.webhook_url to where it points)" if 300 <= status < 400 else ""
+        super().__init__(f"HTTP {status}{moved}", retry=status >= 500 or status in _RETRY_STATUS)
         self.status = status
-        self.retry = status >= 500 or status in _RETRY_STATUS
 
 
 def _worth_retrying(exc: Exception) -> bool:
-    """Connection errors, timeouts, 5xx, 408 and 429; not a request the server refused as wrong."""
-    return isinstance(exc, OSError | TimeoutError) or (isinstance(exc, WebhookStatusError) and exc.retry)
+    return isinstance(exc, WebhookError) and exc.retry
 
 
 def webhook_body(anomaly: Anomaly) -> bytes:
-    """The JSON a webhook receives: Slack's ``text`` plus every field of the update."""
-    return json.dumps({"text": summary(anomaly), **as_json(anomaly)}).encode()
+    """The JSON a webhook receives: Slack's ``text`` plus every field of the update (strict JSON, ASCII)."""
+    return json.dumps({"text": summary(anomaly), **as_json(anomaly)}, allow_nan=False).encode()
 
 
 def redact(url: str) -> str:
@@ -62,50 +82,49 @@ def redact(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "") + "/..."
 
 
-async def post_json(url: str, body: bytes, timeout: float) -> int:
-    """POST ``body`` as JSON to ``url``; returns the HTTP status code.
+def webhook_client(timeout: float) -> httpx.AsyncClient:
+    """The one client a sink posts with: no redirects, the system's CAs, proxies from the environment."""
+    return httpx.AsyncClient(
+        timeout=timeout,
+        follow_redirects=False,
+        verify=ssl.create_default_context(),
+        trust_env=True,
+        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        headers={"User-Agent": "trainvigil"},
+    )
+
+
+async def post_json(
+    client: httpx.AsyncClient, url: str, body: bytes, headers: Mapping[str, str], timeout: float
+) -> int:
+    """POST ``body`` to ``url`` with ``headers``; returns the HTTP status (the answer's body is not read).
 
     Raises:
-        TimeoutError: no status line within ``timeout`` seconds (connect included).
-        OSError: the connection failed or the answer was not HTTP.
+        TimeoutError: no status within ``timeout`` seconds, connect included.
+        httpx.TransportError: the connection failed or the answer was not HTTP.
     """
-    parts = urllib.parse.urlsplit(url)
-    tls = parts.scheme == "https"
-    host = parts.hostname or ""
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    head = (
-        f"POST {target} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "User-Agent: trainvigil\r\nConnection: close\r\n\r\n"
-    )
-    port = parts.port or (443 if tls else 80)
     with anyio.fail_after(timeout):
-        stream: ByteStream = await (
-            # Lenient TLS closing: many servers drop the connection without a close_notify.
-            anyio.connect_tcp(host, port, tls=True, tls_standard_compatible=False)
-            if tls
-            else anyio.connect_tcp(host, port)
-        )
-        async with stream:
-            data = b""
-            try:
-                await stream.send(head.encode() + body)
-                while b"\r\n" not in data and len(data) <= 8192:
-                    data += await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                raise WebhookResponseError(f"connection closed before an answer: {data!r}") from None
-    status_line = data.split(b"\r\n", 1)[0].split()
-    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/") or not status_line[1].isdigit():
-        raise WebhookResponseError(f"not an HTTP answer: {data[:80]!r}")
-    return int(status_line[1])
+        async with client.stream("POST", url, content=body, headers=headers) as response:
+            return response.status_code
 
 
 class WebhookSink:
-    """A bounded queue of alert updates and the worker that posts them."""
+    """A bounded queue of alert updates and the worker that posts them.
+
+    Raises (at construction):
+        ConfigError: a secret file cannot be read or holds no valid secret.
+    """
 
     def __init__(self, config: AlertsConfig, metrics: DaemonMetrics) -> None:
         self.config = config
         self.metrics = metrics
+        token_key = "alerts.webhook_token_file"
+        self._token = read_secret(token_key, config.webhook_token_file) if config.webhook_token_file else ""
+        secret = read_secret(SECRET_KEY, config.webhook_secret_file) if config.webhook_secret_file else ""
+        self._key = signing_key(secret, config.webhook_secret_file) if secret else b""
+        self._scrub = {s: "<secret>" for s in (self._token, secret) if s} | {
+            config.webhook_url: redact(config.webhook_url)
+        }
         self._send, self._receive = anyio.create_memory_object_stream[Anomaly](config.queue_size)
         self._done = anyio.Event()
 
@@ -135,14 +154,17 @@ class WebhookSink:
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Post queued updates until :meth:`drain` (or cancellation)."""
-        log.info("alert_webhook", url=redact(self.config.webhook_url))
+        log.info("alert_webhook", url=redact(self.config.webhook_url), signed=bool(self._key), bearer=bool(self._token))
+        client = webhook_client(self.config.timeout_s)
         task_status.started()
         try:
             async with self._receive:
                 async for anomaly in self._receive:
-                    await self._deliver(anomaly)
+                    await self._deliver(client, anomaly)
         finally:
             self._done.set()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                await client.aclose()
 
     async def drain(self) -> None:
         """Take no more updates; give the queued ones ``drain_s`` seconds to go out."""
@@ -153,9 +175,35 @@ class WebhookSink:
         if not self._done.is_set():
             log.warning("alert_webhook_unsent", queued=left, drain_s=self.config.drain_s)
 
-    async def _deliver(self, anomaly: Anomaly) -> None:
+    def _headers(self, body: bytes, msg_id: str) -> dict[str, str]:
+        """Every header of one attempt: all from the configuration, the signature fresh (its timestamp is now)."""
+        headers = {"Content-Type": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        if self._key:
+            headers |= signature_headers(self._key, msg_id, int(time.time()), body)
+        return headers
+
+    async def _attempt(self, client: httpx.AsyncClient, body: bytes, msg_id: str) -> None:
+        """One POST; any failure becomes a :class:`WebhookError` whose text is scrubbed of the credentials
+        and the URL's path, whatever a library put in its own."""
+        cfg = self.config
+        try:
+            status = await post_json(client, cfg.webhook_url, body, self._headers(body, msg_id), cfg.timeout_s)
+        except TimeoutError:
+            raise WebhookError(f"no answer within {cfg.timeout_s:g} s", retry=True) from None
+        except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:  # refused, reset, DNS, TLS, not HTTP
+            text = f"{type(exc).__name__}: {exc}"
+            for secret, shown in self._scrub.items():
+                text = text.replace(secret, shown)
+            raise WebhookError(text, retry=isinstance(exc, _TRANSIENT) and not isinstance(exc, _OUR_FAULT)) from None
+        if not 200 <= status < 300:
+            raise WebhookStatusError(status)
+
+    async def _deliver(self, client: httpx.AsyncClient, anomaly: Anomaly) -> None:
         cfg = self.config
         body = webhook_body(anomaly)
+        msg_id = message_id(body)
         attempts = 0
         try:
             async for attempt in retrying(
@@ -165,13 +213,9 @@ class WebhookSink:
                     if attempts:
                         self.metrics.webhook["retried"] += 1
                     attempts += 1
-                    status = await post_json(cfg.webhook_url, body, cfg.timeout_s)
-                    if not 200 <= status < 300:
-                        raise WebhookStatusError(status)
-        except TimeoutError:
-            error = f"no answer within {cfg.timeout_s:g} s"
-        except (OSError, WebhookStatusError) as exc:  # refused, reset, DNS, TLS (ssl errors are OSErrors), not HTTP
-            error = str(exc) if isinstance(exc, WebhookStatusError) else repr(exc)
+                    await self._attempt(client, body, msg_id)
+        except WebhookError as exc:
+            error = str(exc)
         else:
             self.metrics.webhook["sent"] += 1
             return

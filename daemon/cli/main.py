@@ -1,7 +1,7 @@
 """The ``vigil`` command line.
 
-Exit codes: 0 success; 1 the query was refused or failed, ``vigil export`` could not write its file, or
-``vigil push`` left files undelivered;
+Exit codes: 0 success; 1 the query was refused or failed, ``vigil export`` could not write its file,
+``vigil push`` left files undelivered, or a canary of ``vigil canary run`` did not pass;
 2 bad usage or configuration (a value out of range, a malformed URL, a data directory that cannot be
 used or that another daemon holds, a port that another program holds); 3 something needed is not
 there: the daemon's packages, a broker within ``connect_timeout_s`` (or, for ``vigil push``, at all),
@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     _creds_arg(export)
     verify.add_parser(sub)
+    from trainvigil.daemon.cli import canary, report  # light: their daemon imports are inside their functions
+
+    canary.add_parser(sub, _query_args)
+    report.add_parser(sub)
     return parser
 
 
@@ -544,6 +548,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _push(args)
         if args.command == "auth":
             return _auth(args)
+        if args.command == "canary":
+            from trainvigil.daemon.cli import canary
+
+            if args.action == "list":
+                return _query(args, canary.list_sql(args.last))
+            return canary.run(args)
+        if args.command == "report":
+            from trainvigil.daemon.cli import report
+
+            return report.run(args, *_reader(args))
     except Exception as exc:
         known = next(((e, v) for e in _leaves(exc) for t, v in failures.items() if isinstance(e, t)), None)
         if known is None:

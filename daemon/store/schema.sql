@@ -3,7 +3,7 @@
 -- Run on every open (trainvigil.daemon.store), after any migration of an older file, so it must
 -- stay idempotent: CREATE TABLE IF NOT EXISTS, COMMENT ON (replaces), CREATE OR REPLACE VIEW.
 -- A column added here only reaches files that do not have the table yet: an existing file needs
--- a migration in store.py and a new SCHEMA_VERSION.
+-- a migration in store/writer.py (_migrate) and a new SCHEMA_VERSION.
 --
 -- Times are TIMESTAMPTZ (instants, shown in the reader's time zone; the daemon's is UTC). Keep the
 -- views to SQL that DuckDB 1.4 binds: the file is read by CLIs older than the daemon's DuckDB.
@@ -57,9 +57,11 @@ CREATE TABLE IF NOT EXISTS anomalies (
     state VARCHAR, value DOUBLE, baseline DOUBLE, threshold DOUBLE, message VARCHAR,
     episode VARCHAR, last_step BIGINT, updated_at TIMESTAMPTZ
 );
+-- The columns from workload on were added in schema version 3 (store._migrate adds them to older files).
 CREATE TABLE IF NOT EXISTS canary_results (
     time TIMESTAMPTZ, name VARCHAR, fault VARCHAR, passed BOOLEAN, expected_detector VARCHAR,
-    fault_step BIGINT, fired_step BIGINT, latency_steps BIGINT, detail VARCHAR
+    fault_step BIGINT, fired_step BIGINT, latency_steps BIGINT, detail VARCHAR,
+    workload VARCHAR, verdict VARCHAR, fired_detector VARCHAR, latency_s DOUBLE, exit_code INTEGER, duration_s DOUBLE
 );
 CREATE TABLE IF NOT EXISTS dead_letters (
     time TIMESTAMPTZ, subject VARCHAR, stream_seq BIGINT, reason VARCHAR, error VARCHAR, raw BLOB
@@ -164,16 +166,22 @@ COMMENT ON COLUMN anomalies.episode IS 'id shared by every update of one inciden
 COMMENT ON COLUMN anomalies.last_step IS 'latest step flagged in the episode';
 COMMENT ON COLUMN anomalies.updated_at IS 'when the episode last changed';
 
-COMMENT ON TABLE canary_results IS 'Verdicts of fault-injection canary jobs.';
-COMMENT ON COLUMN canary_results.time IS 'when the verdict was made';
-COMMENT ON COLUMN canary_results.name IS 'canary name';
-COMMENT ON COLUMN canary_results.fault IS 'fault injected';
-COMMENT ON COLUMN canary_results.passed IS 'whether the expected detector fired in time';
-COMMENT ON COLUMN canary_results.expected_detector IS 'detector that should fire';
-COMMENT ON COLUMN canary_results.fault_step IS 'step the fault was injected at';
-COMMENT ON COLUMN canary_results.fired_step IS 'step the detector fired at; NULL if it did not';
+COMMENT ON TABLE canary_results IS 'Verdicts of fault-injection canary jobs, one row per canary run.';
+COMMENT ON COLUMN canary_results.time IS 'when the verdict was made (daemon clock)';
+COMMENT ON COLUMN canary_results.name IS 'the canary''s run id (canary-<id>): its rows in steps, events and anomalies';
+COMMENT ON COLUMN canary_results.fault IS 'fault kind injected (VIGIL_FAULT), or none for a clean twin';
+COMMENT ON COLUMN canary_results.passed IS 'verdict = pass';
+COMMENT ON COLUMN canary_results.expected_detector IS 'detector that should catch the fault; empty for a clean twin';
+COMMENT ON COLUMN canary_results.fault_step IS 'step the fault was injected at (its fault_injected event), else the step planned';
+COMMENT ON COLUMN canary_results.fired_step IS 'step of the expected detector''s episode (else of another detector''s alert); NULL if none';
 COMMENT ON COLUMN canary_results.latency_steps IS 'fired_step - fault_step, steps';
-COMMENT ON COLUMN canary_results.detail IS 'explanation of the verdict';
+COMMENT ON COLUMN canary_results.detail IS 'why the verdict: what fired, what was late, the job''s last output line on an error';
+COMMENT ON COLUMN canary_results.workload IS 'workload (trainvigil.canary) or [[canary.jobs]] name that ran';
+COMMENT ON COLUMN canary_results.verdict IS 'pass, fail (missed, late or another detector paged; a clean twin alerted), error (crashed, timed out, fault never injected) or aborted (the daemon stopped)';
+COMMENT ON COLUMN canary_results.fired_detector IS 'detector whose episode fired_step belongs to; empty if none';
+COMMENT ON COLUMN canary_results.latency_s IS 'time from the injection to that episode, seconds';
+COMMENT ON COLUMN canary_results.exit_code IS 'exit status of the job (negative: killed by that signal); NULL if it was still running';
+COMMENT ON COLUMN canary_results.duration_s IS 'wall time of the job, seconds';
 
 COMMENT ON TABLE dead_letters IS 'Messages that could not be read or stored, kept whole for inspection.';
 COMMENT ON COLUMN dead_letters.time IS 'when the daemon refused the message';

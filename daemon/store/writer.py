@@ -29,9 +29,10 @@ from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
 
 log = structlog.get_logger("trainvigil.store")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """1: times as naive UTC ``TIMESTAMP``. 2: times as ``TIMESTAMPTZ``, comments on every table and
-column, the ``run_summary`` and ``open_alerts`` views. ``_migrate`` brings older files up to date."""
+column, the ``run_summary`` and ``open_alerts`` views. 3: ``canary_results`` gains the verdict and
+its evidence (``_CANARY_V3``). ``_migrate`` brings older files up to date."""
 STORAGE_VERSION = "v1.4.0"
 """DuckDB storage format of new files: DuckDB 1.4.0 and newer read it (the 1.4 LTS and 1.5 CLIs
 among them), while the default of the DuckDB we run (2.0) is unreadable for every 1.x release."""
@@ -52,6 +53,15 @@ _TABLES = (
     "ingest_offsets",
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_CANARY_V3 = (
+    ("workload", "VARCHAR"),
+    ("verdict", "VARCHAR"),
+    ("fired_detector", "VARCHAR"),
+    ("latency_s", "DOUBLE"),
+    ("exit_code", "INTEGER"),
+    ("duration_s", "DOUBLE"),
+)
+"""Columns schema version 3 appends to ``canary_results`` (as ``schema.sql`` creates them in a new file)."""
 
 _STEP_FIELDS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]
 _EXTRA_TYPE = pa.map_(pa.string(), pa.float64())
@@ -240,6 +250,11 @@ def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                     f'ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE TIMESTAMPTZ '
                     f"USING timezone('UTC', \"{column}\")"
                 )
+        if version < 3:
+            for column, kind in _CANARY_V3:
+                con.execute(f"ALTER TABLE canary_results ADD COLUMN IF NOT EXISTS {column} {kind}")
+            # Rows of the old schema only knew ``passed``.
+            con.execute("UPDATE canary_results SET verdict = CASE WHEN passed THEN 'pass' ELSE 'fail' END")
         con.execute("UPDATE schema_info SET version = ?", [SCHEMA_VERSION])
         con.execute("COMMIT")
     except BaseException:
@@ -617,6 +632,30 @@ class Store:
             ],
         )
 
+    def record_canary(self, result: CanaryResult, alerts: list[Anomaly]) -> None:
+        """A canary's verdict and the alerts it raises (``canary_failed``), in one transaction.
+
+        The canary runner's path into the one writer: the same connection and lock as ingest, so
+        a verdict is committed whatever ingest is doing (also while the daemon shuts down).
+
+        Raises:
+            StoreUnavailableError: the database cannot write (disk full, I/O error).
+        """
+        with self._lock:
+            self._ready_to_write()
+            con = self.con
+            con.execute("BEGIN TRANSACTION")
+            try:
+                self._write_canaries([result])
+                self.write_anomalies(alerts)
+                con.execute("COMMIT")
+            except BaseException as exc:
+                with contextlib.suppress(duckdb.Error):
+                    con.execute("ROLLBACK")
+                if isinstance(exc, Exception):
+                    self._raise_if_unavailable(exc)
+                raise
+
     def _write_canaries(self, results: list[CanaryResult]) -> None:
         self._insert(
             "canary_results",
@@ -631,6 +670,12 @@ class Store:
                     c.fired_step,
                     c.latency_steps,
                     c.detail,
+                    c.workload,
+                    c.verdict or ("pass" if c.passed else "fail"),
+                    c.fired_detector,
+                    c.latency_s,
+                    c.exit_code,
+                    c.duration_s,
                 )
                 for c in results
             ],

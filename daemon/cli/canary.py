@@ -1,0 +1,334 @@
+"""``vigil canary run`` and ``vigil canary list``: fault-injection canaries on demand, and their verdicts.
+
+``run`` asks the running daemon (``--nats``, else the configuration's broker) to run the canaries,
+so they go through the same broker, detectors, store and alerts as the real runs it watches, and
+their verdicts land in its history. The trigger (``vigil.v1.ctl.canary``) starts processes on the
+daemon's machine, so with auth on it takes the *daemon's* credentials (``--creds``; on that machine
+``DATA_DIR/bus/daemon.toml`` is found by itself); a reader's are refused. When no daemon answers,
+``run`` starts one in this process on ``--data-dir`` (with the bundled broker unless one answers)
+for as long as the canaries take, and says so.
+
+While they run: a line per canary accepted, its step every ``PROGRESS_S`` seconds, each alert
+update on its run, and its verdict; at the end a table (or JSON lines) of the verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, WORKLOADS
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from trainvigil.daemon.cli.sqlclient import _Connection
+    from trainvigil.daemon.config import DaemonConfig
+    from trainvigil.schemas import CanaryResult
+    from trainvigil.schemas.canaries import CanaryAccepted, CanaryRequest
+
+EXIT_PASS, EXIT_FAIL = 0, 1
+PROGRESS_S = 10.0
+"""Seconds between progress lines (and between the checks that the daemon still answers)."""
+SILENT_POLLS = 3
+"""Progress checks in a row the daemon may miss before the run gives up on it (exit 3)."""
+
+LIST_COLUMNS = (
+    "time, name AS run_id, workload, fault, verdict, expected_detector, fired_detector, fault_step, fired_step, "
+    "latency_steps, round(latency_s, 2) AS latency_s, exit_code, round(duration_s, 1) AS duration_s, detail"
+)
+RESULT_COLUMNS = (
+    "run_id", "workload", "fault", "verdict", "expected", "fired", "fault_step", "fired_step", "latency_steps",
+    "latency_s", "duration_s",
+)  # fmt: skip
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], query_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """``vigil canary run|list``; ``query_args`` adds the reading commands' flags (``--format``, ``--nats``...)."""
+    canary = sub.add_parser(
+        "canary",
+        help="run fault-injection canaries now, or list past verdicts",
+        description="Fault-injection canaries: small real training jobs with one fault injected at a known step, "
+        "judged on whether the right detector caught it in time (see 'Canaries' in the README).",
+    )
+    actions = canary.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = actions.add_parser(
+        "run",
+        help="run one canary (--fault) or every fault kind and a clean twin (--all), then print the verdicts",
+        description="Ask the running daemon to run canaries now and print their progress and verdicts; with no "
+        "daemon answering, run one in this process on --data-dir while they last. Exit 0 every canary passed; "
+        "1 one failed, errored or was aborted; 2 bad usage or configuration (an unknown fault or workload, "
+        "credentials the broker refused); 3 the daemon stopped answering, or none could be started.",
+    )
+    what = run.add_mutually_exclusive_group(required=True)
+    what.add_argument("--fault", metavar="KIND", help=f"one of {', '.join(FAULT_KINDS)}, or {CLEAN}: a clean twin")
+    what.add_argument("--all", action="store_true", help="every fault kind once, plus a clean twin")
+    run.add_argument(
+        "--workload",
+        help=f"a workload ({', '.join(WORKLOADS)}) or a [[canary.jobs]] name; default: the first that takes the "
+        "fault (with --all: only this one's faults and its clean twin)",
+    )
+    run.add_argument("--steps", type=int, help="--steps for a built-in workload (default: its own)")
+    run.add_argument("--fault-step", type=int, help="the step the fault goes in at (default: the workload's)")
+    run.add_argument("--format", choices=["table", "json"], default="table", help="the verdicts at the end")
+    daemon_args(run, "the daemon's credentials file when the bus has auth (default DATA_DIR/bus/daemon.toml if there)")
+    listing = actions.add_parser(
+        "list",
+        help="past canaries and their verdicts, newest first",
+        description="Past canaries and their verdicts (canary_results), newest first. Exit codes as vigil sql.",
+    )
+    listing.add_argument("--last", type=int, default=20, help="how many (default 20)")
+    query_args(listing)
+
+
+def daemon_args(parser: argparse.ArgumentParser, creds: str) -> None:
+    """Where the daemon is: ``--data-dir``, ``--nats``, ``--config`` and ``--creds`` (a path, never the secret)."""
+    parser.add_argument("--data-dir", help="the daemon's data directory (default ./vigil-data)")
+    parser.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
+    parser.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
+    parser.add_argument("--creds", dest="nats_creds", metavar="FILE", help=creds)
+
+
+def list_sql(last: int) -> str:
+    """The query behind ``vigil canary list``."""
+    return f"SELECT {LIST_COLUMNS} FROM canary_results ORDER BY time DESC LIMIT {max(1, int(last))}"
+
+
+def requests(args: argparse.Namespace, config: DaemonConfig) -> list[CanaryRequest]:
+    """What ``run`` asks for: one canary, or (``--all``) one per fault kind the workload(s) take and a clean twin."""
+    from trainvigil.daemon.canary.catalog import jobs
+    from trainvigil.daemon.canary.schedule import new_id
+    from trainvigil.schemas.canaries import CanaryRequest
+
+    def ask(fault: str, workload: str = "") -> CanaryRequest:
+        return CanaryRequest(id=new_id(), fault=fault, workload=workload, steps=args.steps, fault_step=args.fault_step)
+
+    if not args.all:
+        return [ask(args.fault, args.workload or "")]
+    if not args.workload:
+        return [ask(fault) for fault in FAULT_KINDS] + [ask(CLEAN)]
+    known = jobs(config.canary).get(args.workload)
+    kinds = known.faults if known is not None else FAULT_KINDS  # the daemon's own jobs: it says what they take
+    return [ask(fault, args.workload) for fault in kinds] + [ask(CLEAN, args.workload)]
+
+
+def _say(text: str) -> None:
+    print(f"vigil: {text}", file=sys.stderr, flush=True)
+
+
+class _Follower:
+    """The canaries of one ``run``: what was accepted, what their runs raised, their verdicts."""
+
+    def __init__(self) -> None:
+        import anyio
+
+        self.accepted: dict[str, CanaryAccepted] = {}
+        self.results: dict[str, CanaryResult] = {}
+        self.steps: dict[str, int] = {}
+        self.changed = anyio.Event()
+
+    async def on_message(self, msg: Any) -> None:
+        from trainvigil.errors import WireError
+        from trainvigil.schemas import Anomaly, CanaryResult, decode
+
+        try:
+            records = decode(msg.data).records
+        except WireError:
+            return
+        for record in records:
+            if isinstance(record, CanaryResult) and record.name in self.accepted:
+                self.results[record.name] = record
+                _say(f"{record.name}: {record.verdict}: {record.detail}")
+                self.changed.set()
+            elif isinstance(record, Anomaly) and record.run_id in self.accepted and record.detector != "canary_failed":
+                where = f"step {record.step}" if record.step is not None else "no step"
+                _say(f"{record.run_id}: {record.detector} {record.severity} {record.state} at {where}")
+
+    @property
+    def pending(self) -> list[str]:
+        return [run_id for run_id in self.accepted if run_id not in self.results]
+
+
+async def _progress(nc: NATS, follower: _Follower) -> bool:
+    """One progress line; ``False`` when the daemon did not answer the question."""
+    import msgspec
+    import nats.errors
+
+    from trainvigil.schemas import QUERY_SUBJECT
+    from trainvigil.schemas.query import QueryRequest, QueryResult
+
+    pending = follower.pending
+    ids = ", ".join("'" + run_id.replace("'", "''") + "'" for run_id in pending)
+    sql = f"SELECT run_id, max(step) FROM steps WHERE run_id IN ({ids}) GROUP BY run_id"
+    try:
+        reply = await nc.request(QUERY_SUBJECT, msgspec.msgpack.encode(QueryRequest(sql=sql)), timeout=10)
+        answer = msgspec.msgpack.decode(reply.data, type=QueryResult)
+    except (nats.errors.Error, TimeoutError, msgspec.MsgspecError):
+        return False
+    follower.steps.update({str(run_id): int(step) for run_id, step in answer.rows})
+    running = [f"{r} step {follower.steps[r]}" for r in pending if r in follower.steps]
+    waiting = len(pending) - len(running)
+    queued = f", {waiting} queued or starting" if waiting else ""
+    _say(f"{len(follower.results)}/{len(follower.accepted)} judged{queued}" + "".join(f"; {r}" for r in running))
+    return True
+
+
+async def drive(nc: NATS, url: str, asks: list[CanaryRequest]) -> list[CanaryResult]:
+    """Ask the daemon on ``nc`` for every canary in ``asks``, follow them, and return their verdicts.
+
+    Raises:
+        ConfigError: the daemon refused a canary (an unknown fault or workload).
+        DaemonUnavailableError: the daemon stopped answering before every verdict came.
+    """
+    import anyio
+    import msgspec
+
+    from trainvigil.errors import ConfigError, DaemonUnavailableError
+    from trainvigil.schemas import alert_subject
+    from trainvigil.schemas.canaries import CANARY_SUBJECT, CanaryAccepted
+
+    follower = _Follower()
+    for ask in asks:
+        run_id = f"canary-{ask.id}"
+        await nc.subscribe(alert_subject(run_id), cb=follower.on_message)
+        reply = await nc.request(CANARY_SUBJECT, msgspec.msgpack.encode(ask), timeout=10)
+        accepted = msgspec.msgpack.decode(reply.data, type=CanaryAccepted)
+        if accepted.error:
+            raise ConfigError(f"the daemon at {url} refused the canary: {accepted.error}", key="fault")
+        follower.accepted[accepted.run_id] = accepted
+        what = "clean twin" if accepted.fault == CLEAN else f"{accepted.fault}@{accepted.fault_step}"
+        expects = f", expects {accepted.expected_detector}" if accepted.expected_detector else ""
+        _say(f"{accepted.run_id}: {accepted.workload} {what}{expects}: queued")
+    missed = 0
+    while follower.pending:
+        follower.changed = anyio.Event()
+        with anyio.move_on_after(PROGRESS_S):
+            await follower.changed.wait()
+        if follower.pending:
+            missed = 0 if await _progress(nc, follower) else missed + 1
+        if missed >= SILENT_POLLS:
+            raise DaemonUnavailableError(
+                f"the daemon at {url} stopped answering with {len(follower.pending)} canaries unjudged; "
+                "their verdicts, if any, show in vigil canary list"
+            )
+    return [follower.results[run_id] for run_id in follower.accepted]
+
+
+def _row(r: CanaryResult) -> list[Any]:
+    lat = None if r.latency_s is None else round(r.latency_s, 2)
+    duration = None if r.duration_s is None else round(r.duration_s, 1)
+    return [r.name, r.workload, r.fault, r.verdict, r.expected_detector, r.fired_detector, r.fault_step,
+            r.fired_step, r.latency_steps, lat, duration]  # fmt: skip
+
+
+def report(results: list[CanaryResult], fmt: str) -> str:
+    """The verdicts as a table or JSON lines."""
+    from trainvigil.daemon.formatting import render
+    from trainvigil.schemas.query import QueryResult
+
+    if fmt == "json":
+        import msgspec
+
+        return "".join(json.dumps(msgspec.to_builtins(r)) + "\n" for r in results)
+    return render(QueryResult(columns=list(RESULT_COLUMNS), rows=[_row(r) for r in results]), "table")
+
+
+async def _daemon_answers(conn: _Connection, url: str) -> bool:
+    """Whether a daemon listens for canary triggers on ``conn`` (an empty request: it answers with an error).
+
+    Raises:
+        ConfigError: these credentials may not send triggers (a reader's or an agent's).
+    """
+    import nats.errors
+
+    from trainvigil.errors import ConfigError
+    from trainvigil.schemas.canaries import CANARY_SUBJECT
+
+    assert conn.nc is not None
+    try:
+        await conn.nc.request(CANARY_SUBJECT, b"", timeout=5)
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        if any("permissions violation" in str(e).lower() for e in conn.errors):
+            raise ConfigError(
+                f"the broker at {url} does not let these credentials trigger canaries (they start processes on "
+                "the daemon's machine): pass the daemon's credentials with --creds",
+                key="nats_creds",
+            ) from None
+        return False
+    return True
+
+
+async def _run_embedded(config: DaemonConfig, asks: list[CanaryRequest]) -> list[CanaryResult]:
+    """Start a daemon in this process for as long as the canaries take."""
+    import anyio
+    import msgspec
+    from anyio.abc import TaskStatus
+
+    from trainvigil.daemon.app import serve
+    from trainvigil.daemon.broker.bus import access
+    from trainvigil.daemon.cli.sqlclient import _connect
+    from trainvigil.daemon.logs import configure
+    from trainvigil.errors import DaemonUnavailableError
+
+    configure(config.log_format, "error")  # its alerts are followed here; its log would say them twice
+    local = msgspec.structs.replace(config, http_port=0)
+    results: list[CanaryResult] = []
+    async with anyio.create_task_group() as tg:
+
+        async def daemon(*, task_status: TaskStatus[str]) -> None:
+            await serve(local, task_status=task_status)
+            tg.cancel_scope.cancel()  # stopped by a signal: stop waiting for verdicts
+
+        url: str = await tg.start(daemon)
+        _say(f"started a daemon here on {url} (data in {config.data_dir}) for these canaries")
+        conn = await _connect(url, access(local, "daemon"))
+        if conn is None or conn.nc is None:
+            raise DaemonUnavailableError(f"the daemon started here does not answer at {url}")
+        try:
+            results = await drive(conn.nc, url, asks)
+        finally:
+            await conn.nc.close()
+            tg.cancel_scope.cancel()
+    if len(results) < len(asks):
+        raise DaemonUnavailableError("interrupted before every canary was judged; see vigil canary list")
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    """``vigil canary run`` (see the module's docstring); the exit status."""
+    import anyio
+    import msgspec
+
+    from trainvigil.daemon import config as config_mod
+    from trainvigil.daemon.broker.bus import access
+    from trainvigil.daemon.cli.sqlclient import _connect
+
+    overrides = {"data_dir": args.data_dir, "nats_url": args.nats_url, "nats_creds": args.nats_creds}
+    cfg = config_mod.load(args.config, overrides)
+    url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
+    asks = requests(args, cfg)
+    started = time.monotonic()
+
+    async def main() -> list[CanaryResult]:
+        conn = await _connect(url, access(cfg, "daemon"))
+        if conn is not None and conn.nc is not None:
+            try:
+                if await _daemon_answers(conn, url):
+                    return await drive(conn.nc, url, asks)
+            finally:
+                await conn.nc.close()
+        _say(f"no daemon answered at {url}")
+        local = cfg if conn is None else msgspec.structs.replace(cfg, nats_url=url)
+        return await _run_embedded(local, asks)
+
+    results = anyio.run(main, backend="asyncio")
+    sys.stdout.write(report(results, args.format))
+    passed = sum(r.verdict == "pass" for r in results)
+    _say(f"{passed} of {len(results)} canaries passed in {time.monotonic() - started:.0f} s")
+    return EXIT_PASS if passed == len(results) else EXIT_FAIL

@@ -1,0 +1,126 @@
+"""The canary contract: which workloads exist and what faults they take, and the trigger on the wire.
+
+The daemon launches canaries as subprocesses and may not import the workloads (they import the
+agent), and the workloads may not import the daemon: this table is what both sides agree on,
+so it lives here, where both may import it. ``python -m <module> [--steps N] [--seed S]`` runs a
+workload; ``VIGIL_FAULT=<kind>@<step>`` breaks it.
+
+``vigil canary run`` asks a running daemon for a canary with a :class:`CanaryRequest` on
+:data:`CANARY_SUBJECT` (request/reply); the daemon answers with a :class:`CanaryAccepted` at once,
+runs the job when a slot is free, and publishes its :class:`~.records.CanaryResult` on the run's
+alert subject (``vigil.v1.alerts.<run>``), where the ``canary_failed`` alert of a failed one goes too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
+
+from .subjects import PREFIX
+
+CANARY_SUBJECT = f"{PREFIX}.ctl.canary"
+"""Request/reply: a :class:`CanaryRequest` in, a :class:`CanaryAccepted` out (the daemon's credentials)."""
+
+SCRIPT_FAULTS: tuple[str, ...] = ("nan_grad", "grad_spike", "lr_spike", "slowdown", "stall", "ckpt_corrupt", "gil")
+"""Kinds any script using ``trainvigil.torch.watch()`` takes (``trainvigil.faults.KINDS``)."""
+WORKLOAD_FAULTS: tuple[str, ...] = ("straggler", "kl_explode", "reward_hack")
+"""Kinds only a canary workload applies (``trainvigil.faults.CANARY_KINDS``)."""
+FAULT_KINDS: tuple[str, ...] = (*SCRIPT_FAULTS, *WORKLOAD_FAULTS)
+CLEAN = "none"
+"""The ``fault`` of a clean twin: the same job with nothing injected."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One canary workload shipped in ``trainvigil.canary``.
+
+    Attributes:
+        name: also the module's last part: ``python -m trainvigil.canary.<name>``.
+        module: the module to run with ``python -m``.
+        steps: its default ``--steps`` (about 30-60 s alone on two CPU cores).
+        faults: the ``VIGIL_FAULT`` kinds it applies.
+        fault_step: where a fault goes by default: late enough for every detector's baseline,
+            early enough for the slowest detector's deadline to fit in the run.
+    """
+
+    name: str
+    module: str
+    steps: int
+    faults: tuple[str, ...]
+    fault_step: int
+
+
+def _workload(name: str, steps: int, faults: tuple[str, ...], fault_step: int) -> Workload:
+    return Workload(name, f"trainvigil.canary.{name}", steps, faults, fault_step)
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        _workload("supervised", 4_500, SCRIPT_FAULTS, 1_600),
+        _workload("rl", 3_000, ("kl_explode", "reward_hack"), 200),
+        _workload("two_rank", 4_500, ("straggler",), 300),
+    )
+}
+"""The workloads by name, in the order a fault's default workload is looked for."""
+
+
+def default_workload(fault: str) -> Workload:
+    """The first workload that takes ``fault`` (a clean twin: the first one).
+
+    Raises:
+        KeyError: no workload takes ``fault``.
+    """
+    for workload in WORKLOADS.values():
+        if fault == CLEAN or fault in workload.faults:
+            return workload
+    raise KeyError(fault)
+
+
+RunToken = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class CanaryRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Run one canary now.
+
+    Attributes:
+        id: the caller's id; the run is ``canary-<id>`` (so the caller can follow it before it starts).
+        fault: a kind of :data:`FAULT_KINDS`, or :data:`CLEAN`.
+        workload: a workload of :data:`WORKLOADS` or a job of the daemon's ``[[canary.jobs]]``;
+            empty: the first workload that takes ``fault``.
+        steps: ``--steps`` for a workload (``None``: its default).
+        fault_step: where the fault goes (``None``: the workload's or job's default).
+    """
+
+    id: RunToken
+    fault: str = CLEAN
+    workload: str = ""
+    steps: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    fault_step: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class CanaryAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    """The daemon's answer to a :class:`CanaryRequest`: what it will run, or why not (``error``)."""
+
+    run_id: str = ""
+    workload: str = ""
+    fault: str = CLEAN
+    fault_step: int | None = None
+    expected_detector: str = ""
+    error: str = ""
+
+
+__all__ = [
+    "CANARY_SUBJECT",
+    "CLEAN",
+    "FAULT_KINDS",
+    "SCRIPT_FAULTS",
+    "WORKLOADS",
+    "WORKLOAD_FAULTS",
+    "CanaryAccepted",
+    "CanaryRequest",
+    "Workload",
+    "default_workload",
+]
