@@ -262,7 +262,9 @@ def test_an_answer_that_is_not_http_is_an_error() -> None:
             async with webhook_client(5.0) as client:
                 return await post_json(client, f"http://127.0.0.1:{port}/", b"{}", {}, 5.0)
 
-        with pytest.raises(httpx.RemoteProtocolError):  # a transport error: retried like a reset connection
+        # A transport error, retried like a reset connection: the client either parses the junk
+        # (RemoteProtocolError) or meets the closed connection first (ReadError), as timing has it.
+        with pytest.raises(httpx.TransportError):
             anyio.run(post, backend="asyncio")
         thread.join(5)
 
