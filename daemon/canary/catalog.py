@@ -37,8 +37,9 @@ assert set(EXPECTED) == set(FAULT_KINDS)
 ALSO: dict[str, frozenset[str]] = {"straggler": frozenset({"slowdown"})}
 """Detectors that may rightly page on a fault besides the expected one (as in the detector evaluation:
 a straggling rank is also slower than it was)."""
-HANGS = frozenset({"stall"})
-"""Faults after which the job never ends by itself: the runner stops it once it is judged."""
+HANGS = frozenset({"stall", "gil"})
+"""Faults after which the job never ends by itself (``stall``) or crawls (``gil``: three busy threads take
+the GIL from the training loop, which then makes a step or two a second): the runner stops it once judged."""
 TIMED = frozenset({"stall", "gil"})
 """Faults judged in time, not steps: their detectors report where training was (a stall's page carries
 the last step completed, before the fault's step; GIL contention is sampled per second, not per step)."""
