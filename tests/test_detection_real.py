@@ -10,6 +10,7 @@ crossed, a declared ``target_kl``, and slowdown's severity following the measure
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainvigil.daemon import detectors
-from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
 from trainvigil.daemon.batch.from_arrays import batch_of, step_columns_of
-from trainvigil.daemon.cli.replay import replay_table
+from trainvigil.daemon.cli.replay import batches, replay_table
 from trainvigil.daemon.config import load
 from trainvigil.schemas import Anomaly, RunStart, Source
 
@@ -78,6 +79,33 @@ def test_after_an_lr_blow_up_reward_hack_does_not_blame_the_reward_model(name: s
     fault = _fault(name)
     blamed = [(a.step, a.message[:80]) for a in _opened(name) if a.detector == "reward_hack" and (a.step or 0) >= fault]
     assert blamed == []
+
+
+def _lr_logged_apart(batch: IngestBatch) -> IngestBatch:
+    """The batch as live ingest sees a run whose lr comes from another ``log()`` call (``watch()`` logs it at
+    the optimizer step): each step's lr on a row of its own, after the row of the other metrics."""
+    parts = []
+    for part in batch.steps:
+        rest = {k: v for k, v in part.known.items() if k != "lr"}
+        parts.append(StepColumns(part.source, part.step, part.times, rest, part.custom))
+        if "lr" in part.known:
+            parts.append(StepColumns(part.source, part.step, part.times, {"lr": part.known["lr"]}, {}))
+    return dataclasses.replace(batch, steps=parts, cache={})
+
+
+def test_an_lr_logged_by_another_call_is_seen_as_when_stored_merged() -> None:
+    """reward_hack reads the latest lr logged up to each reward step: live (lr on rows of its own, as the RL
+    canary's watch() logs it) judges as the stored, merged rows do. It paged 8 times on the kl_explode
+    canary before, blaming the reward model for an LR blow-up."""
+    name = "ppo-acrobot-lr-x100"
+    fault = _fault(name)
+    assert fault is not None
+    active = detectors.build(load(None, env={}).detectors)
+    table = pq.read_table(CORPUS / name / "steps.parquet")
+    found = [a for b in batches(table, batch_steps=256) for a in detectors.run_all(active, _lr_logged_apart(b))]
+    opened = [(a.detector, a.step) for a in found if a.state == "open"]
+    assert ("kl_explode", fault + 2) in opened
+    assert [d for d, step in opened if d == "reward_hack" and (step or 0) >= fault] == []
 
 
 def test_a_printed_threshold_is_one_the_value_crossed() -> None:

@@ -97,7 +97,7 @@ def _early_stats(early: dict[str, np.ndarray]) -> _Early:
 
 
 class _Stream:
-    __slots__ = ("early", "early_parts", "held", "seen", "since", "tail", "watermark")
+    __slots__ = ("early", "early_parts", "held", "lr", "seen", "since", "tail", "watermark")
 
     def __init__(self, cfg: RewardHackSettings) -> None:
         self.watermark = -(2**63)
@@ -108,6 +108,8 @@ class _Stream:
         self.seen = 0
         self.since = 0
         self.held: deque[str] = deque(maxlen=cfg.of)
+        self.lr = float("nan")
+        """The latest lr logged (on any step): it is carried to the reward steps that follow."""
 
 
 class _Windows:
@@ -169,6 +171,9 @@ class RewardHack(StreamDetector[_Stream]):
         eval_name = next((n for n in eval_names if n and n in s.columns), "")
         for name in _NAMES:
             column = s.columns.get(eval_name if name == "eval" else name)
+            if name == "lr":
+                new[name] = _carried(column, rows, state)
+                continue
             new[name] = (
                 np.full(len(rows), np.nan) if column is None else np.where(column[1][rows], column[0][rows], np.nan)
             )
@@ -342,6 +347,21 @@ class RewardHack(StreamDetector[_Stream]):
             f"{corr:.2f}) at step {step}: the reward model is paying for length; add a length penalty or normalise "
             "reward by length",
         )
+
+
+def _carried(column: tuple[np.ndarray, np.ndarray] | None, rows: np.ndarray, state: _Stream) -> np.ndarray:
+    """Per reward row, the latest lr logged at or before it, earlier batches included. The lr often comes
+    from another ``log()`` call than the reward (``watch()`` logs it at the optimizer step), so live it
+    sits on rows of its own; stored, the rows of one step are merged. Carried, both read the same."""
+    if column is None:
+        return np.full(len(rows), state.lr)
+    values, present = column
+    latest = np.maximum.accumulate(np.where(present & np.isfinite(values), np.arange(len(values)), -1))
+    at = latest[rows]
+    out = np.where(at >= 0, values[np.maximum(at, 0)], state.lr)
+    if latest[-1] >= 0:
+        state.lr = float(values[latest[-1]])
+    return out
 
 
 def _lr_jumped(past: dict[str, tuple[float, float]] | None, early: float, factor: float = 3.0) -> bool:
