@@ -4,10 +4,10 @@ glibc serves an allocation of at least ``M_MMAP_THRESHOLD`` bytes with a mapping
 unmapped again on ``free``. The threshold starts at 128 KiB but moves: each freed mapping
 raises it to that size (up to 32 MiB), and from then on the daemon's big transient buffers
 (message payloads, decoded columns, a batch's Arrow tables: 0.1-16 MiB each) come from the
-heap arenas, where freed memory mostly stays with the process. During a 60 s flood
-(``bench/flood.py``) that held memory nothing used: peak RSS 669 MiB and 305 MiB 30 s after;
-with the threshold fixed at 128 KiB, 502-517 and 189-200 MiB. Two arenas serve the daemon's
-few threads (event loop, writer, detectors) instead of eight per core.
+heap arenas, where freed memory mostly stays with the process. With the threshold fixed at
+128 KiB they stay mapped and go back on ``free``. The effect on a 60 s flood (``bench/flood.py``,
+quiet machine) is modest: peak RSS 687 -> 651-655 MiB; most of the peak is live data. Two arenas
+serve the daemon's few threads (event loop, writer, detectors) instead of eight per core.
 
 Off glibc (musl, macOS) ``mallopt`` is missing or does nothing, and so does :func:`tune`.
 """
