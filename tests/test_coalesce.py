@@ -105,3 +105,16 @@ def test_replay_holds_nothing() -> None:
         batch.now = None
         run_all(dets, batch)
         assert len(dets.held) == 0
+
+
+def test_released_steps_are_judged_whatever_else_the_batch_holds() -> None:
+    """A quiet batch of as many empty parts as there are held streams releases them all to the detectors
+    (a count of parts once stood for "nothing released" and let them go unjudged)."""
+    dets = _build(min_streams=64)
+    first = _fleet(seconds=1)[0]
+    run_all(dets, first)
+    assert len(dets.held) == RANKS
+    empty = [step_columns_of("other", rank, np.empty(0, dtype=np.int64), {}) for rank in range(RANKS)]
+    run_all(dets, IngestBatch(now=(first.now or 0.0) + 1, steps=empty))
+    grad = next(d for d in dets if d.name == "grad_spike")
+    assert len(dets.held) == 0 and grad.tracked() == RANKS

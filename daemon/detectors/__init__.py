@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from trainvigil.daemon.detectors import _coalesce
 from trainvigil.daemon.detectors._base import Detector, DetectorSettings, Episodes, Finding, StreamDetector
 from trainvigil.daemon.detectors._coalesce import Coalescer
 from trainvigil.daemon.detectors._isolation import DetectorFailures, select_runs
@@ -72,9 +73,9 @@ DetectorsConfig: type[msgspec.Struct] = msgspec.defstruct(
         ("idle_forget_s", Annotated[float, msgspec.Meta(gt=0)], 3600.0),
         # While a batch holds more than coalesce_streams streams, the per-step detectors judge a
         # stream once coalesce_steps of its steps wait, or the oldest waited coalesce_s (_coalesce).
-        ("coalesce_streams", Annotated[int, msgspec.Meta(ge=0)], 64),
-        ("coalesce_steps", Annotated[int, msgspec.Meta(ge=1)], 32),
-        ("coalesce_s", Annotated[float, msgspec.Meta(ge=0)], 5.0),
+        ("coalesce_streams", Annotated[int, msgspec.Meta(ge=0)], _coalesce.MIN_STREAMS),
+        ("coalesce_steps", Annotated[int, msgspec.Meta(ge=1)], _coalesce.STEPS),
+        ("coalesce_s", Annotated[float, msgspec.Meta(ge=0)], _coalesce.WAIT_S),
         *[(d.name, d.Settings, msgspec.field(default_factory=d.Settings)) for d in REGISTRY],
     ],
     frozen=True,

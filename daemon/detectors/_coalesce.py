@@ -26,6 +26,9 @@ from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
 from trainvigil.daemon.detectors._series import StreamKey, grouped
 from trainvigil.schemas import RunEvent, Source
 
+MIN_STREAMS, STEPS, WAIT_S = 64, 32, 5.0
+"""The defaults of ``[detectors] coalesce_streams``, ``coalesce_steps`` and ``coalesce_s``."""
+
 
 @dataclass(slots=True)
 class _Held:
@@ -60,7 +63,7 @@ class Coalescer:
         held = self._held
         steps: list[StepColumns] = []
         events: list[tuple[Source, RunEvent]] = []
-        kept = False
+        kept = released = False
         for key, (parts, pauses) in current.items():
             waiting = held.get(key)
             fresh = sum(len(p) for p in parts)
@@ -70,10 +73,7 @@ class Coalescer:
                 or fresh + (waiting.steps if waiting else 0) >= self.steps
                 or (waiting is not None and now - waiting.since >= self.wait_s)  # type: ignore[operator]
             ):
-                if waiting is not None:
-                    del held[key]
-                    steps.extend(waiting.parts)
-                    events.extend(waiting.pauses)
+                released |= self._release(key, steps, events)
                 steps.extend(parts)
             elif waiting is None:
                 held[key] = _Held(list(parts), list(pauses), fresh, now)  # type: ignore[arg-type]
@@ -91,10 +91,16 @@ class Coalescer:
                 break
             gone.append(key)
         for key in gone:
-            waiting = held.pop(key, None)
-            if waiting is not None:
-                steps.extend(waiting.parts)
-                events.extend(waiting.pauses)
-        if not kept and not events and len(steps) == len(batch.steps):
+            released |= self._release(key, steps, events)
+        if not kept and not released:
             return batch  # nothing held back and nothing released: the batch as it is
         return dataclasses.replace(batch, steps=steps, events=[*events, *batch.events], cache={})
+
+    def _release(self, key: StreamKey, steps: list[StepColumns], events: list[tuple[Source, RunEvent]]) -> bool:
+        """Hand ``key``'s held steps (and their pause events) to the batch being built; False if none were held."""
+        waiting = self._held.pop(key, None)
+        if waiting is None:
+            return False
+        steps.extend(waiting.parts)
+        events.extend(waiting.pauses)
+        return True

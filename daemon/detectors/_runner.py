@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from trainvigil.daemon.batch.decode import IngestBatch
+from trainvigil.daemon.detectors import _coalesce
 from trainvigil.daemon.detectors._base import Detector, journaled
 from trainvigil.daemon.detectors._coalesce import Coalescer
 from trainvigil.daemon.detectors._isolation import DetectorFailures
@@ -31,7 +32,7 @@ class Detectors(list[Detector]):
         super().__init__(detectors)
         self.runs = RunTracker(idle_forget_s)
         self.failures = DetectorFailures()
-        self.held = held if held is not None else Coalescer(min_streams=64, steps=32, wait_s=5.0)
+        self.held = held if held is not None else Coalescer(_coalesce.MIN_STREAMS, _coalesce.STEPS, _coalesce.WAIT_S)
 
     def tracked(self) -> dict[str, int]:
         """Per detector: how many streams, runs and open episodes it keeps state for."""

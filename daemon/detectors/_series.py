@@ -136,13 +136,7 @@ def _merge(parts: list[StepColumns], named_pauses: list[int]) -> StreamSteps:
                 value_parts.append(f[0])
                 present_parts.append(f[1] if f[1] is not None else np.ones(len(part), dtype=bool))
         columns[name] = (np.concatenate(value_parts), np.concatenate(present_parts))
-    if len(step) > 1 and not bool(np.all(step[1:] >= step[:-1])):
-        order = np.argsort(step, kind="stable")
-        step, times = step[order], times[order]
-        columns = {name: (v[order], p[order]) for name, (v, p) in columns.items()}
-    return StreamSteps(
-        source.run_id, source.rank, source.world_size, step, times, columns, _paused(step, columns, named_pauses)
-    )
+    return _in_step_order(source, step, times, columns, named_pauses)
 
 
 Grouped = dict[StreamKey, tuple[list[StepColumns], list[tuple[Source, RunEvent]]]]
@@ -174,22 +168,21 @@ def _one(part: StepColumns, named_pauses: list[int]) -> StreamSteps:
                 everywhere = np.ones(len(step), dtype=bool)
             present = everywhere
         columns[name] = (values, present)
+    return _in_step_order(part.source, step, times, columns, named_pauses)
+
+
+def _in_step_order(
+    source: Source,
+    step: np.ndarray,
+    times: np.ndarray,
+    columns: dict[str, tuple[np.ndarray, np.ndarray]],
+    named: list[int],
+) -> StreamSteps:
+    """The stream sorted by step (stable: later messages last), with its pause mask."""
     if len(step) > 1 and not bool(np.all(step[1:] >= step[:-1])):
         order = np.argsort(step, kind="stable")
         step, times = step[order], times[order]
         columns = {name: (v[order], p[order]) for name, (v, p) in columns.items()}
-    return StreamSteps(
-        part.source.run_id,
-        part.source.rank,
-        part.source.world_size,
-        step,
-        times,
-        columns,
-        _paused(step, columns, named_pauses),
-    )
-
-
-def _paused(step: np.ndarray, columns: dict[str, tuple[np.ndarray, np.ndarray]], named: list[int]) -> np.ndarray:
     paused = np.zeros(len(step), dtype=bool)
     for tag in PAUSE_TAGS:
         if tag in columns:
@@ -197,7 +190,7 @@ def _paused(step: np.ndarray, columns: dict[str, tuple[np.ndarray, np.ndarray]],
             paused |= present & (values != 0)
     if named:
         paused |= np.isin(step, np.asarray(named, dtype=np.int64))
-    return paused
+    return StreamSteps(source.run_id, source.rank, source.world_size, step, times, columns, paused)
 
 
 def streams(batch: IngestBatch) -> dict[StreamKey, StreamSteps]:
