@@ -270,6 +270,10 @@ class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         concurrency: canaries running at once, at most (``vigil canary run`` ones wait for a slot).
         timeout_s: a canary still running this long is killed (its process group) and recorded ``error``.
         settle_s: after a canary ends, how long its data may take to be stored before it is judged anyway.
+        stop_when_caught: stop a faulted job ``linger_s`` after its detection is settled (its expected detector
+            fired, or an alert came before the fault) instead of running it to its end. A job that cannot end
+            by itself (``stall``, ``gil``) is stopped then whatever this says.
+        linger_s: how long a settled job keeps running, so that another detector paging on the fault is seen.
         nice: the niceness canaries run at (0-19): training beside them goes first.
         workloads: the built-in workloads the schedule takes turns with (``trainvigil.canary``; needs torch).
         jobs: your own canaries, see :class:`CanaryJob`.
@@ -285,6 +289,8 @@ class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     concurrency: int = 1
     timeout_s: float = 600.0
     settle_s: float = 30.0
+    stop_when_caught: bool = True
+    linger_s: float = 5.0
     nice: int = 10
     workloads: str | list[str] = msgspec.field(default_factory=lambda: list(WORKLOADS))
     jobs: list[CanaryJob] = []
@@ -299,6 +305,7 @@ class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require("canary.concurrency", self.concurrency, "an integer >= 1", self.concurrency >= 1)
         _positive("canary.timeout_s", self.timeout_s)
         _require("canary.settle_s", self.settle_s, "a number >= 0", math.isfinite(self.settle_s) and self.settle_s >= 0)
+        _require("canary.linger_s", self.linger_s, "a number >= 0", math.isfinite(self.linger_s) and self.linger_s >= 0)
         _require("canary.nice", self.nice, "a niceness from 0 to 19", 0 <= self.nice <= 19)
         unknown = [w for w in self.workload_names if w not in WORKLOADS]
         _require("canary.workloads", ", ".join(unknown), f"workloads among {', '.join(WORKLOADS)}", not unknown)

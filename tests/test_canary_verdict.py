@@ -11,7 +11,7 @@ from trainvigil.daemon.batch.decode import RawMessage, decode_batch
 from trainvigil.daemon.canary import evidence
 from trainvigil.daemon.canary.catalog import Budget, CanaryPlanError, Plan, plan
 from trainvigil.daemon.canary.runner import failed_alert, result_of
-from trainvigil.daemon.canary.verdict import Alert, Ending, Evidence, Injection, Verdict, judge
+from trainvigil.daemon.canary.verdict import Alert, Ending, Evidence, Injection, Verdict, judge, settled
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.store.writer import Store
 from trainvigil.schemas import Anomaly, Envelope, RunEnd, RunEvent, RunStart, Source, encode
@@ -169,6 +169,20 @@ def test_a_job_stopped_on_purpose_is_judged_on_its_evidence() -> None:
     on_time = Evidence(alerts=(Alert("hang", "page", 49, T + 61),), injected=Injection(50, T + 1))
     verdict = judge(chosen, on_time, Ending(-2, stopped=True))
     assert (verdict.outcome, verdict.latency_steps, verdict.latency_s) == ("pass", None, 60.0)
+
+
+def test_a_detection_is_settled_once_the_expected_detector_fired_or_an_alert_came_first() -> None:
+    """The runner may stop a job once its detection is settled: nothing later can turn a miss into a pass."""
+    chosen, at = _plan("nan_grad"), Injection(50, T + 50)
+    assert not settled(chosen, Evidence(alerts=(), injected=None))
+    assert not settled(chosen, Evidence(alerts=(), injected=at))
+    assert not settled(chosen, Evidence(alerts=(Alert("loss_spike", "page", 52, T + 52),), injected=at))
+    assert settled(chosen, Evidence(alerts=(Alert("non_finite", "page", 50, T + 50),), injected=at))
+    assert settled(chosen, Evidence(alerts=(Alert("slowdown", "warn", 10, T + 10),), injected=at))  # a fail already
+    stall = _plan("stall")  # judged in time: hang's page carries the last step completed, before the fault's
+    assert settled(stall, Evidence(alerts=(Alert("hang", "page", 49, T + 61),), injected=Injection(50, T + 1)))
+    clean = _plan(CLEAN)
+    assert not settled(clean, Evidence(alerts=(Alert("non_finite", "page", 5, T + 5),), injected=None))
 
 
 def test_a_straggler_may_also_page_slowdown_as_the_detector_evaluation_allows() -> None:

@@ -1,18 +1,22 @@
 """One canary from start to verdict: launch the job, watch it, let its data settle, judge, record, tell.
 
 The job runs as its own process group (:mod:`.process`); past ``canary.timeout_s`` the group is
-killed and the canary is an ``error``. A job whose fault never lets it end (``stall``) is stopped
-once its detector fired or its deadline passed. Then the runner waits (at most ``settle_s``) for
-every rank's ``run_end`` to be stored, reads the run's alerts and ``fault_injected`` event
-(:mod:`.evidence`), judges (:mod:`.verdict`), and writes the verdict with its ``canary_failed``
-alert in one transaction. The alert then goes out like any other (NATS, log, ``/metrics``, webhook)
-and the :class:`~trainvigil.schemas.CanaryResult` is published on the run's alert subject.
+killed and the canary is an ``error``. A faulted job is watched while it runs. Once its detection is
+settled (the expected detector fired, or an alert came before the fault) the rest of the run can only
+add other detectors' pages on the fault, so it is stopped ``linger_s`` later (unless
+``stop_when_caught`` is off). A job whose fault never lets it end (``stall``, ``gil``) is also stopped
+once its deadline passed. A job that ends by itself is judged once every rank's ``run_end`` is stored
+(at most ``settle_s`` later). The runner reads the run's alerts and ``fault_injected`` event
+(:mod:`.evidence`), judges (:mod:`.verdict`), and writes the verdict with its ``canary_failed`` alert
+in one transaction. The alert then goes out like any other (NATS, log, ``/metrics``, webhook) and the
+:class:`~trainvigil.schemas.CanaryResult` is published on the run's alert subject.
 
 A daemon shutting down cancels the runner: the group is killed and the canary recorded ``aborted``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +33,7 @@ from trainvigil.daemon.canary import evidence as ev
 from trainvigil.daemon.canary.catalog import HANGS, Plan
 from trainvigil.daemon.canary.environment import base_env, job_env
 from trainvigil.daemon.canary.process import last_line, prune, start, stop
-from trainvigil.daemon.canary.verdict import Ending, Evidence, Verdict, judge
+from trainvigil.daemon.canary.verdict import Ending, Evidence, Verdict, judge, settled
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.writer import Store
@@ -39,7 +43,9 @@ from trainvigil.schemas import Anomaly, CanaryResult, Envelope, Source, alert_su
 log = structlog.get_logger("trainvigil.canary")
 
 POLL_S = 0.25
-"""How often the store is asked whether a job's data is in (or, for a job that cannot end, whether it was caught)."""
+"""How often the store is asked whether a job's data is in once it ended."""
+WATCH_S = 1.0
+"""How often the store is asked, while a faulted job runs, whether its detection is settled."""
 HANG_MARGIN_S = 10.0
 """A job that cannot end is stopped this long after its deadline at the latest (a late detection is still seen late)."""
 
@@ -145,7 +151,7 @@ class Runner:
         stopped = timed_out = False
         try:
             with anyio.move_on_after(self.config.canary.timeout_s) as deadline:
-                if plan.fault in HANGS:
+                if plan.fault in HANGS or (plan.expected and self.config.canary.stop_when_caught):
                     evidence = await self._until_caught(plan, process)
                     stopped = evidence is not None
                 if evidence is None:
@@ -159,15 +165,19 @@ class Runner:
         return ending, evidence or Evidence()
 
     async def _until_caught(self, plan: Plan, process: Process) -> Evidence | None:
-        """For a job that cannot end by itself: the evidence once its detector fired or its deadline
-        passed (the job is then stopped); ``None`` if the job ended on its own first."""
-        grace = (plan.budget.seconds or 0.0) + HANG_MARGIN_S
+        """The evidence ``linger_s`` after the detection is settled, or, for a job that cannot end by itself,
+        once its deadline passed (the job is then stopped); ``None`` if the job ended on its own first."""
+        grace = (plan.budget.seconds or 0.0) + HANG_MARGIN_S if plan.fault in HANGS else math.inf
+        settled_at = math.inf
         while process.returncode is None:
             seen = await self.read(ev.gather, plan.run_id, plan.fault)
-            caught = any(a.detector == plan.expected for a in seen.alerts)
-            if seen.injected is not None and (caught or time.time() > seen.injected.time + grace):
+            if settled_at == math.inf and settled(plan, seen):
+                settled_at = time.monotonic()
+                log.info("canary_settled", run_id=plan.run_id, linger_s=self.config.canary.linger_s)
+            lingered = time.monotonic() >= settled_at + self.config.canary.linger_s
+            if seen.injected is not None and (lingered or time.time() > seen.injected.time + grace):
                 return seen
-            with anyio.move_on_after(1.0):
+            with anyio.move_on_after(WATCH_S):
                 await process.wait()
         return None
 

@@ -11,7 +11,7 @@ an ``error`` (the canary proved nothing either way); one the daemon stopped on s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from trainvigil.daemon.canary.catalog import Plan
@@ -112,11 +112,28 @@ def _failed_job(plan: Plan, evidence: Evidence, ending: Ending) -> Verdict | Non
     return None
 
 
+def settled(plan: Plan, evidence: Evidence) -> bool:
+    """Whether more of the job can no longer change its detection: an alert came before the fault (a
+    fail), or the expected detector fired at or after it. A clean twin is never settled before its end."""
+    injected = evidence.injected
+    if plan.fault == CLEAN or injected is None:
+        return False
+    return any(_before(a, injected, plan.timed) or a.detector == plan.expected for a in evidence.alerts)
+
+
 def judge(plan: Plan, evidence: Evidence, ending: Ending) -> Verdict:
     """The verdict of one canary (see the module's docstring for the rules)."""
     failed = _failed_job(plan, evidence, ending)
     if failed is not None:
         return failed
+    verdict = _by_alerts(plan, evidence)
+    if ending.stopped:
+        return replace(verdict, detail=f"{verdict.detail}; its job was stopped once judged")
+    return verdict
+
+
+def _by_alerts(plan: Plan, evidence: Evidence) -> Verdict:
+    """The verdict of a job that ran and injected its fault (or is a clean twin), from its alerts."""
     alerts = sorted(evidence.alerts, key=_order)
     unsettled = "" if evidence.settled else " (not all of its data was stored within settle_s)"
     if plan.fault == CLEAN:
