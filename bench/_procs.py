@@ -25,9 +25,9 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The daemon's ``/metrics`` as series → value (the server closes the connection after one answer)."""
+    """The daemon's ``/metrics`` as series → value (read to the end: the request asks to close after one answer)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         chunks = []
         while chunk := sock.recv(65536):
             chunks.append(chunk)
@@ -48,6 +48,12 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a live process, from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the children ``pid`` has waited for (and theirs), from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[13]) + int(fields[14])) / _TICK
 
 
 def machine_cpu() -> tuple[float, float, float]:
