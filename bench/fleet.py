@@ -3,8 +3,8 @@ one message per ``interval`` with the steps logged since the last one, as an age
 flush sends them. Shared by ``ingest.py --fleet`` and ``tests/test_fleet.py``.
 
 Messages are what an agent publishes: an :class:`~trainvigil.schemas.Envelope` from the rank's
-:class:`~trainvigil.schemas.Source` holding one ``StepBatch`` built by the agent's own
-``build_step_batch``, published through JetStream (``publish_async``) with a ``Nats-Msg-Id``
+:class:`~trainvigil.schemas.Source` holding one ``StepBatch`` equal to what the agent's own
+``build_step_batch`` makes of the same steps, published through JetStream with a ``Nats-Msg-Id``
 and resent with the same id until acknowledged. Every rank sends a ``RunStart`` first and a
 ``RunEnd`` last. Ranks are spread over producer processes (one NATS connection each); within an
 interval each rank publishes at its own phase, so the load is even. Step ``j`` of a message is
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -43,11 +44,26 @@ from typing import IO, Any
 
 import numpy as np
 
-from trainvigil.agents.columnar import build_step_batch
-from trainvigil.schemas import Anomaly, Envelope, RunEnd, RunStart, Source, data_subject, decode, encode
+from trainvigil.schemas import (
+    Anomaly,
+    Column,
+    Envelope,
+    RunEnd,
+    RunStart,
+    Source,
+    StepBatch,
+    data_subject,
+    decode,
+    encode,
+)
 
 ALERTS = "vigil.v1.alerts.>"
 _GOLDEN = (math.sqrt(5) - 1) / 2
+_F8 = np.dtype("<f8")
+_I8 = np.dtype("<i8")
+TICK_S = 0.02
+"""A producer wakes at most this often and sends every message due by then: one socket write for all of
+them, as many connections' messages reach a real broker together (a message is stamped with its due time)."""
 
 
 @dataclass(frozen=True)
@@ -169,57 +185,70 @@ class _Out:
 
 
 class _Publisher:
-    """Pipelined JetStream publishes; whatever is refused or not acknowledged in time goes again, same id."""
+    """Pipelined JetStream publishes without a future per message: each goes out as a core publish whose
+    reply subject is a token under one inbox; JetStream's acknowledgement comes back there. Whatever is
+    refused, or not acknowledged within ``timeout``, goes again with the same ``Nats-Msg-Id``."""
 
-    def __init__(self, js: Any, timeout: float, report: ProducerReport) -> None:
-        self.js, self.timeout, self.report = js, timeout, report
-        self.inflight: deque[tuple[asyncio.Future[Any], _Out, float]] = deque()
+    def __init__(self, nc: Any, timeout: float, report: ProducerReport) -> None:
+        self.nc, self.timeout, self.report = nc, timeout, report
+        self.inbox = nc.new_inbox()
+        self.pending: dict[str, tuple[_Out, float]] = {}
+        """Reply token -> (message, monotonic send time), oldest first."""
         self.retry: deque[_Out] = deque()
         self.failures: Counter[str] = Counter()
-        self._wake = asyncio.Event()
+        self._tokens = itertools.count()
+
+    async def start(self) -> None:
+        await self.nc.subscribe(f"{self.inbox}.*", cb=self._acked)
 
     async def send(self, out: _Out) -> None:
+        token = str(next(self._tokens))
+        self.pending[token] = (out, time.monotonic())
         try:
-            future = await self.js.publish_async(
-                out.subject, out.payload, wait_stall=self.timeout, headers={"Nats-Msg-Id": out.msg_id}
-            )
-        except Exception as exc:  # stalled, disconnected: try again later
+            await self.nc.publish(out.subject, out.payload, reply=f"{self.inbox}.{token}",
+                                  headers={"Nats-Msg-Id": out.msg_id})  # fmt: skip
+        except Exception as exc:  # disconnected, buffer full: try again later
+            del self.pending[token]
             self.failures[type(exc).__name__] += 1
             self.retry.append(out)
+
+    async def _acked(self, msg: Any) -> None:
+        entry = self.pending.pop(msg.subject.rpartition(".")[2], None)
+        if entry is None:  # expired and already queued again
             return
-        self.inflight.append((future, out, time.monotonic()))
-        self._wake.set()
+        out = entry[0]
+        try:
+            ack = json.loads(msg.data)
+        except ValueError:  # a status without a body: 503 no responders
+            ack = {"error": {"description": (msg.headers or {}).get("Status", "no body")}}
+        if "error" in ack:
+            self.failures[str(ack["error"].get("description", "error"))] += 1
+            self.retry.append(out)
+        elif out.steps:
+            self.report.messages += 1
+            self.report.steps += out.steps
+        else:
+            self.report.run_messages += 1
+
+    def expire(self) -> None:
+        """Queue again what has waited longer than ``timeout`` for its acknowledgement."""
+        limit = time.monotonic() - self.timeout
+        for token, (out, sent) in list(self.pending.items()):
+            if sent > limit:
+                break
+            del self.pending[token]
+            self.failures["TimeoutError"] += 1
+            self.retry.append(out)
 
     async def resend(self) -> None:
+        self.expire()
         for _ in range(len(self.retry)):
             self.report.resent += 1
             await self.send(self.retry.popleft())
 
-    async def reap(self) -> None:
-        """Await acknowledgements in publish order (a task for the producer's lifetime)."""
-        while True:
-            if not self.inflight:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            future, out, sent = self.inflight.popleft()
-            try:
-                await asyncio.wait_for(future, max(0.0, sent + self.timeout - time.monotonic()))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.failures[type(exc).__name__] += 1
-                self.retry.append(out)
-                continue
-            if out.steps:
-                self.report.messages += 1
-                self.report.steps += out.steps
-            else:
-                self.report.run_messages += 1
-
     async def settle(self, deadline: float) -> bool:
         """Resend until everything is acknowledged or ``deadline`` (monotonic) passes."""
-        while self.inflight or self.retry:
+        while self.pending or self.retry:
             if time.monotonic() > deadline:
                 return False
             await self.resend()
@@ -260,30 +289,38 @@ class _Rank:
 def step_message(
     spec: FleetSpec, r: _Rank, k: int, t_send: float, t0: float, rng: np.random.Generator, report: ProducerReport
 ) -> _Out:
-    """Message ``k`` of rank ``r``: steps ``k*n .. k*n+n-1`` logged over the interval before ``t_send``."""
+    """Message ``k`` of rank ``r``: steps ``k*n .. k*n+n-1`` logged over the interval before ``t_send``.
+
+    The columns are built with NumPy straight into the agent's wire form (what ``build_step_batch`` makes
+    of the same ``log()`` calls: ``tests/test_fleet.py`` checks they are equal), so that the simulated
+    fleet costs little beside the daemon it measures."""
     n = spec.steps_per_message
     first = k * n
     pace = spec.interval / n
-    noise = rng.standard_normal((n, 3))
+    noise = rng.standard_normal((3, n))
     slow = spec.straggler == r.g and t_send - t0 >= spec.straggler_at
     if slow and report.straggler is None:
         report.straggler = (r.run_id, r.source.rank, first, t_send - (n - 1) * pace)
     nan = bool(r.nan_at) and r.nan_at[0] <= t_send - t0
-    entries = []
-    for j in range(n):
-        step = first + j
-        loss = (2.0 * math.exp(-step / 20_000) + 0.3) * (1 + 0.01 * noise[j, 0])
-        step_time = spec.step_time * r.speed * math.exp(0.02 * noise[j, 2]) * (spec.straggler_factor if slow else 1.0)
-        metrics = {
-            "loss": float("nan") if nan and j == n - 1 else loss,
-            "grad_norm": 1.0 + 0.02 * noise[j, 1],
-            "lr": 3e-4,
-            "step_time": step_time,
-            "samples": 32.0 * step,
-            "tokens": 65536.0 * step,
-        }
-        entries.append((step, t_send - (n - 1 - j) * pace, metrics))
-    batch, _ = build_step_batch(entries, t_send)
+    steps = np.arange(first, first + n, dtype=_I8)
+    loss = (2.0 * np.exp(-steps / 20_000) + 0.3) * (1 + 0.01 * noise[0])
+    if nan:
+        loss[-1] = math.nan
+    factor = spec.straggler_factor if slow else 1.0
+    metrics = {
+        "loss": loss,
+        "grad_norm": 1.0 + 0.02 * noise[1],
+        "lr": np.full(n, 3e-4),
+        "step_time": spec.step_time * r.speed * factor * np.exp(0.02 * noise[2]),
+        "samples": 32.0 * steps,
+        "tokens": 65536.0 * steps,
+    }
+    batch = StepBatch(
+        time=t_send,
+        step=steps.tobytes(),
+        times=(t_send - (n - 1 - np.arange(n)) * pace).tobytes(),
+        columns={name: Column(values=values.astype(_F8).tobytes()) for name, values in metrics.items()},
+    )
     payload, msg_id = r.envelope([batch])
     report.last_step = max(report.last_step, first + n - 1)
     if nan:
@@ -314,9 +351,8 @@ async def produce(spec: FleetSpec, index: int, url: str, ready: IO[str], go: IO[
     ranks = [_Rank(spec, g, nonce, nans.get(g, [])) for g in spec.owned(index)]
     order = sorted(ranks, key=lambda r: spec.phase(r.g))
     nc = await _connect(url, f"fleet-{index}")
-    js = nc.jetstream(publish_async_max_pending=100_000)
-    pub = _Publisher(js, spec.ack_timeout, report)
-    reaper = asyncio.create_task(pub.reap())
+    pub = _Publisher(nc, spec.ack_timeout, report)
+    await pub.start()
     rng = np.random.default_rng([spec.seed, index])
     try:
         for r in ranks:
@@ -336,9 +372,6 @@ async def produce(spec: FleetSpec, index: int, url: str, ready: IO[str], go: IO[
             raise RuntimeError(f"producer {index}: not everything acknowledged: {dict(pub.failures)}")
         report.cpu_s = time.process_time() - cpu0
     finally:
-        reaper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reaper
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.close(), 5)
     report.failures = dict(pub.failures)
@@ -360,14 +393,12 @@ async def _publish_until(
         now = time.time()
         if due > now:
             await pub.resend()
-            await asyncio.sleep(due - now)
+            await asyncio.sleep(max(due - now, TICK_S))
             continue
         report.late_max_s = max(report.late_max_s, now - due)
         await pub.send(step_message(spec, order[i], k, due, t0, rng, report))
         report.t_last_publish = time.time()
         n += 1
-        if n % 64 == 0:
-            await asyncio.sleep(0)  # let acknowledgements in
 
 
 # ---- the coordinator's side --------------------------------------------------------------------

@@ -62,3 +62,33 @@ def test_a_fleet_of_512_ranks_is_stored_whole_and_its_straggler_and_nans_are_nam
     assert verdict.in_time, f"named {verdict.late_steps} steps late (deadline {verdict.deadline_steps})"
     assert verdict.others_named == 0, "no other rank is named a straggler"
     assert daemon.terminate() == 0
+
+
+def test_a_fleet_message_is_what_the_agent_would_send_for_the_same_steps() -> None:
+    """The simulated ranks build their columns with NumPy; the agent's own builder makes the same batch."""
+    import numpy as np
+    from fleet import ProducerReport, _Rank, step_message
+
+    from trainvigil.agents.columnar import build_step_batch
+    from trainvigil.schemas import Envelope, StepBatch, decode
+
+    spec = FleetSpec(runs=1, ranks_per_run=8, producers=1, nan_from=0.0, nan_every=1.0, straggler_at=0.0)
+    report = ProducerReport(index=0, ranks=8)
+    straggler = spec.straggler
+    assert straggler is not None
+    ranks = [_Rank(spec, g, "nonce", [0.0]) for g in (0, straggler)]
+    for r in ranks:
+        out = step_message(spec, r, 3, 1_700_000_010.0, 1_700_000_000.0, np.random.default_rng(1), report)
+        envelope = decode(out.payload)
+        assert isinstance(envelope, Envelope) and envelope.source == r.source
+        (batch,) = envelope.records
+        assert isinstance(batch, StepBatch)
+        steps = np.frombuffer(batch.step, "<i8")
+        times = np.frombuffer(batch.times, "<f8")
+        columns = {name: np.frombuffer(col.values, "<f8") for name, col in batch.columns.items()}
+        entries = [(int(s), float(t), {k: float(v[i]) for k, v in columns.items()}) for i, (s, t) in
+                   enumerate(zip(steps, times, strict=True))]  # fmt: skip
+        rebuilt, dropped = build_step_batch(entries, batch.time)
+        assert rebuilt == batch and not dropped
+        assert list(steps) == [12, 13, 14, 15] and np.isnan(columns["loss"][-1])  # the NaN on the last step
+    assert report.straggler is not None and report.straggler[2] == 12 and len(report.injections) == 2

@@ -225,9 +225,10 @@ def _up(args: argparse.Namespace) -> int:
     from trainvigil.daemon.app import serve
     from trainvigil.daemon.broker.bus import agents_hint
     from trainvigil.daemon.logs import configure
-    from trainvigil.daemon.malloc import tune
+    from trainvigil.daemon.malloc import tune, tune_gc
 
     tune()  # before any thread starts: big buffers back to the system when freed (see daemon/malloc.py)
+    tune_gc()  # after the imports above: they are frozen out of collections, which then run rarely
     cfg = config_mod.load(
         args.config,
         {
