@@ -16,6 +16,8 @@ from trainvigil.daemon.cli.replay import read_recording, replay_table
 from trainvigil.daemon.config import load
 from trainvigil.daemon.detectors._base import PAGE, WARN, Episodes, Finding
 from trainvigil.daemon.detectors._robust import Window, consecutive, fast_median, fast_quantile, robust_z
+from trainvigil.daemon.detectors._series import Values
+from trainvigil.daemon.detectors._windows import MAX_VALUES, Windows
 from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, Source
 
 N = 3000
@@ -255,6 +257,36 @@ def test_slowdown_pages_within_two_windows_and_not_before() -> None:
 def test_slowdown_silent_with_checkpoint_pauses() -> None:
     st, ckpt = step_times(13)
     assert run_detector("slowdown", {0: {"step_time": st, "checkpoint": ckpt}}, time={0: np.cumsum(st)}) == []
+
+
+def _fed(windows: Windows, st: np.ndarray, times: np.ndarray, chunk: int = 4096) -> list[tuple[int, float, float]]:
+    steps = np.arange(len(st))
+    judged: list[tuple[int, float, float]] = []
+    for lo in range(0, len(st), chunk):
+        hi = lo + chunk
+        judged += windows.feed(Values(steps[lo:hi], st[lo:hi], times[lo:hi]))
+    return judged
+
+
+def test_a_slow_loops_windows_keep_every_value_and_a_fast_loops_a_bounded_sample() -> None:
+    slow = noisy(3, n=20_000, sigma=0.1, level=0.5)  # 2 steps a second: every value kept
+    whole = Windows(30, 30.0)
+    assert _fed(whole, slow, np.cumsum(slow)) == _fed(Windows(30, 30.0), slow, np.cumsum(slow), chunk=7)
+    assert whole._stride == 1
+    # 40 000 steps a second for 60 s: 2.4 M values; the held history stays near MAX_VALUES per window.
+    fast = noisy(4, n=2_400_000, sigma=0.1, level=1 / 40_000)
+    windows = Windows(30, 30.0)
+    judged = _fed(windows, fast, np.cumsum(fast), chunk=65_536)
+    assert len(windows._values) <= 3 * MAX_VALUES and windows._stride > 100
+    medians = np.array([m for _, _, m in judged])
+    assert len(judged) >= 2 and np.allclose(medians, np.median(fast), rtol=0.02)
+
+
+def test_slowdown_pages_a_fast_loop_that_slows_down() -> None:
+    st = noisy(14, n=1_000_000, sigma=0.1, level=1 / 10_000)  # 10 000 steps a second for ~100 s
+    st[600_000:] *= 1.5
+    out = opened(run_detector("slowdown", {0: {"step_time": st}}, time={0: np.cumsum(st)}, chunk=16_384))
+    assert len(out) == 1 and out[0].severity == "page" and 600_000 < out[0].step <= 600_000 + 2 * 30 * 10_000 / 1.5
 
 
 def test_straggler_names_the_slow_rank_only() -> None:
