@@ -43,3 +43,22 @@ def test_tune_gc_freezes_what_exists_and_collects_rarely() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_trim_hands_freed_small_blocks_back() -> None:
+    code = (
+        "import resource, sys\n"
+        "from trainvigil.daemon.malloc import trim, tune\n"
+        "tune()\n"
+        "def rss(): return int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize()\n"
+        "base = rss()\n"
+        "blocks = [bytes(4000) for _ in range(50_000)]\n"  # ~200 MiB of blocks below the mmap threshold
+        "keep = blocks[::1000]; del blocks\n"  # the kept ones pin the arena's top: free() alone keeps it
+        "before = rss()\n"
+        "assert trim()\n"
+        "sys.stdout.write(f'{(before - base) >> 20} {(rss() - base) >> 20}')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    held, trimmed = map(int, out.split())
+    assert trimmed < held / 2, f"{held} MiB held after free, {trimmed} MiB after trim"

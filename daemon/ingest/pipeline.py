@@ -34,6 +34,7 @@ from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, 
 from trainvigil.daemon.broker.jetstream import Puller, bind_consumer, restore_stream, stream_view
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.ingest.sequencer import RECREATED, Sequencer, StreamView, Verdict, judge, recreated
+from trainvigil.daemon.malloc import trim
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import StoreUnavailableError
@@ -44,6 +45,9 @@ log = structlog.get_logger("trainvigil.ingest")
 
 STUCK_ROUNDS = 3
 """Empty fetches in a row, while the consumer says it owes messages, before the ingest counts as stuck."""
+
+TRIM_EVERY_S = 5.0
+"""The heap is trimmed (``malloc.trim``) at most this often, when the ingest catches up after work."""
 
 PURGE_INTERVAL_S = 0.5
 """Committed messages are purged from the stream at most this often."""
@@ -131,6 +135,9 @@ class Ingest:
         metrics.detector_errors = self.detectors.failures.errors  # mutated in place by the detectors
         metrics.detector_disabled = self.detectors.failures.disabled
         self._owed_rounds = 0
+        self._trim_when_idle = False
+        """Batches were taken since the heap was last trimmed (it is, once the ingest catches up)."""
+        self._trimmed_at = -TRIM_EVERY_S
         self._fruitless_rewinds = 0
 
     async def run(self, *, drain: bool = False) -> None:
@@ -211,6 +218,7 @@ class Ingest:
         if take or losses:
             if take:
                 self._owed_rounds = self._fruitless_rewinds = 0
+                self._trim_when_idle = True
                 self.metrics.stuck = ""
             raw = [RawMessage(msgs[i].subject, msgs[i].data, seqs[i]) for i in take]
             batch = await anyio.to_thread.run_sync(decode_batch, raw)
@@ -248,6 +256,10 @@ class Ingest:
         if not owed:
             self._owed_rounds = 0
             self.metrics.stuck = ""
+            if self._trim_when_idle and time.monotonic() >= self._trimmed_at + TRIM_EVERY_S:
+                # Caught up after work: what the batches freed goes back to the system.
+                self._trim_when_idle, self._trimmed_at = False, time.monotonic()
+                await anyio.to_thread.run_sync(trim)
             if drain:
                 # The consumer passes over deleted messages at the stream's end without a word:
                 # the stream's last sequence says whether any are left to record.
