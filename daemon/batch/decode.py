@@ -142,7 +142,7 @@ def step_columns(source: Source, batch: StepBatch) -> StepColumns:
     n = len(batch.step) // 8
     step = np.frombuffer(batch.step, dtype="<i8")
     times = _floats(batch.times, n, "times")
-    if n and not bool(np.all((times >= MIN_TIME) & (times <= MAX_TIME))):  # False for NaN too
+    if n and not ((times >= MIN_TIME) & (times <= MAX_TIME)).all():  # False for NaN too
         bad = times[~((times >= MIN_TIME) & (times <= MAX_TIME))][0]
         raise WireError(f"step time {bad!r} is not a Unix time in [{MIN_TIME:g}, {MAX_TIME:g}]", reason="invalid")
     known: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
