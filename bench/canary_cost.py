@@ -2,11 +2,13 @@
 running beside it vs without, in one run on one daemon.
 
 **Per kind**: a nats-server and ``vigil up`` (real processes, temporary store), then
-``vigil canary run --fault K --format json`` for each kind, one after another. A canary's job is a
-child of the daemon (its own process group, reaped by the daemon), so the job's CPU, with that of the
-ranks it started and waited for, is the growth of the daemon's ``cutime + cstime`` (``/proc/<pid>/stat``)
-across the canary; the daemon's own CPU for it (ingest, detectors, judging) is the growth of its
-``utime + stime``. Wall time is the verdict's ``duration_s`` (launch to verdict).
+``vigil canary run --all`` (or, for ``--faults K,...``, ``vigil canary run --fault K`` for each kind, one
+after another). A canary's job is a child of the daemon (its own process group, reaped by the daemon), so
+the job's CPU, with that of the ranks it started and waited for, is the growth of the daemon's
+``cutime + cstime`` (``/proc/<pid>/stat``) across the canary; the daemon's own CPU for it (ingest,
+detectors, judging) is the growth of its ``utime + stime``. With ``--all`` the canaries run one after
+another and each verdict line comes once its job was reaped, so the counters are read at each verdict
+line. Wall time is the verdict's ``duration_s`` (launch to verdict).
 
 **Ingest with a canary**: N agents log S steps of 6 metrics flat out (``ingest.py``'s throughput phase:
 the clock stops when the daemon committed every row), twice on the same daemon: alone, then with a clean
@@ -23,8 +25,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from _procs import Services, children_cpu_seconds, cpu_seconds, scrape, spawn, start_services, steps_committed
 from _wait import wait_until
@@ -41,6 +46,7 @@ from tables import table
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS
 
 RUNNING_SERIES = "vigil_canaries_running"
+VERDICT_LINE = re.compile(r"^vigil: (?P<run_id>canary-\S+): (?P<verdict>pass|fail|error|aborted): ")
 CANARY_TIMEOUT_S = 900.0
 INGEST_CANARY_STEPS = 1_000_000
 """The ingest phase's canary: a clean twin far longer than the phase, aborted when the daemon stops."""
@@ -76,13 +82,16 @@ def one_canary(svc: Services, fault: str, extra: Sequence[str]) -> Cost:
     job_cpu, daemon_cpu = children_cpu_seconds(pid) - job_before, cpu_seconds(pid) - daemon_before
     if done.returncode not in (0, 1) or not done.stdout.strip():
         raise RuntimeError(f"vigil canary run --fault {fault} exited {done.returncode}: {done.stderr[-2000:]}")
-    result = json.loads(done.stdout)
+    return cost_of(json.loads(done.stdout), job_cpu, daemon_cpu)
+
+
+def cost_of(result: dict[str, Any], job_cpu: float, daemon_cpu: float) -> Cost:
     steps, seconds = result.get("latency_steps"), result.get("latency_s")
     latency = " / ".join(
         part for part in (f"{steps} steps" if steps is not None else "", f"{seconds:.1f} s" if seconds else "") if part
     )
     return Cost(
-        fault=fault,
+        fault=result["fault"],
         workload=result["workload"],
         verdict=result["verdict"],
         fired=result.get("fired_detector") or "-",
@@ -91,6 +100,32 @@ def one_canary(svc: Services, fault: str, extra: Sequence[str]) -> Cost:
         job_cpu_s=job_cpu,
         daemon_cpu_s=daemon_cpu,
     )
+
+
+def every_canary(svc: Services, extra: Sequence[str]) -> list[Cost]:
+    """``vigil canary run --all``: the canaries run one after another, and each verdict line is printed once
+    its job was reaped, so the daemon's CPU counters between two verdict lines are that canary's."""
+    pid = svc.daemon.pid
+    job_mark, daemon_mark = children_cpu_seconds(pid), cpu_seconds(pid)
+    spent: dict[str, tuple[float, float]] = {}
+    cli = subprocess.Popen(vigil(svc, "--all", "--format", "json", *extra), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert cli.stderr is not None and cli.stdout is not None
+    said = []
+    for line in cli.stderr:
+        said.append(line)
+        verdict = VERDICT_LINE.match(line)
+        if verdict is None:
+            continue
+        job, daemon = children_cpu_seconds(pid), cpu_seconds(pid)
+        spent[verdict["run_id"]] = (job - job_mark, daemon - daemon_mark)
+        job_mark, daemon_mark = job, daemon
+        print(f"  {line.strip()[:150]}", flush=True)
+    out = cli.stdout.read()
+    if cli.wait(CANARY_TIMEOUT_S) not in (0, 1) or not out.strip():
+        raise RuntimeError(f"vigil canary run --all exited {cli.returncode}: {''.join(said)[-2000:]}")
+    results = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [cost_of(r, *spent.get(r["run_id"] if "run_id" in r else r["name"], (math.nan, math.nan))) for r in results]
 
 
 @dataclass(frozen=True)
@@ -163,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         svc = start_services(stack, tmp)
         if not args.skip_kinds:
             began = time.monotonic()
-            for kind in args.kinds:
+            if args.faults == "all":
+                costs = every_canary(svc, extra)
+            for kind in [] if args.faults == "all" else args.kinds:
                 cost = one_canary(svc, kind, extra)
                 costs.append(cost)
                 print(f"  {kind}: {cost.verdict} in {cost.wall_s:.1f} s, job {cost.job_cpu_s:.1f} CPU s", flush=True)
@@ -188,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "job cores",
         )
         print(table(headers, rows))
-        print(f"\n{len(costs)} canaries one after another: {total:.0f} s "
+        how = "vigil canary run --all" if args.faults == "all" else f"{len(costs)} canaries one after another"
+        print(f"\n{how}: {total:.0f} s "
               f"({sum(c.wall_s for c in costs):.0f} s of canary wall time), "
               f"{sum(c.verdict == 'pass' for c in costs)} passed")  # fmt: skip
     if ratio is not None:
