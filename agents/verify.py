@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="check a checkpoint against its manifest (<path>.vigil.json)",
         description="Load a checkpoint saved with trainvigil.checkpoint.save() and compare every tensor's "
         "digest with its manifest. Exit 0 on a match, 1 on a mismatch (differing tensors listed), "
-        "2 when there is no manifest.",
+        "2 when there is no manifest. With the daemon extra, it then says which run and step saved the "
+        "manifest's content, from the daemon's checkpoint registry (vigil checkpoints).",
     )
     verify.add_argument("path", help="the checkpoint file")
     verify.add_argument(
@@ -28,6 +29,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="load with weights_only=False (only for files you trust: unpickling runs code)",
     )
+    verify.add_argument("--data-dir", help="the daemon's data directory, for who saved it (default ./vigil-data)")
+    verify.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
+    verify.add_argument("--config", help="the daemon's TOML configuration file")
+    verify.add_argument("--creds", dest="nats_creds", metavar="FILE", help="a reader's credentials file")
 
 
 def run(args: argparse.Namespace) -> int:

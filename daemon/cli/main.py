@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from trainvigil._version import __version__
 from trainvigil.agents import verify
+from trainvigil.daemon.cli import checkpoints
 
 if TYPE_CHECKING:
     import duckdb
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     _creds_arg(export)
     verify.add_parser(sub)
+    checkpoints.add_parser(sub, _query_args)
     from trainvigil.daemon.cli import canary, report  # light: their daemon imports are inside their functions
 
     canary.add_parser(sub, _query_args)
@@ -388,6 +390,31 @@ def _unreadable(exc: duckdb.Error, url: str, cfg: DaemonConfig) -> Exception:
     return DaemonUnavailableError(f"no daemon answered at {url}, and {cfg.db_path} cannot be read: {exc}")
 
 
+def _saved_by(args: argparse.Namespace) -> None:
+    """After ``vigil verify``: which run and step saved the manifest's content, if the daemon knows it.
+    Best effort: without the daemon extra, or with no history to ask, it says why in one line."""
+    from trainvigil.agents.checkpoint import read_manifest
+
+    try:
+        from trainvigil.daemon.cli.checkpoints import writer_sql
+        from trainvigil.daemon.cli.sqlclient import query
+
+        expected, _ = read_manifest(args.path)
+        cfg, url, bus = _reader(args)
+        result, _ = query(
+            writer_sql(expected.root), nats_url=url, data_dir=cfg.data_dir, limit=5, timeout=10, access=bus
+        )
+    except Exception as exc:  # no daemon extra, no daemon and no file, refused credentials: verify's verdict stands
+        print(f"vigil verify: who saved it is unknown ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return
+    if not result.rows:
+        print(f"{args.path}: no save with this content ({expected.algo} {expected.root[:16]}) is in the history")
+        return
+    run_id, rank, step, saved_at, path = result.rows[0]
+    others = f" (and {len(result.rows) - 1} more saves of the same content)" if len(result.rows) > 1 else ""
+    print(f"{args.path}: saved by run {run_id} rank {rank} at step {step} ({saved_at}, as {path}){others}")
+
+
 def _export(args: argparse.Namespace) -> int:
     import duckdb
 
@@ -490,7 +517,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "verify":  # needs torch, not the daemon extra
-        return verify.run(args)
+        code = verify.run(args)
+        if code in (verify.EXIT_MATCH, verify.EXIT_MISMATCH) and Path(args.path).is_file():
+            _saved_by(args)
+        return code
     daemon_extra = args.command != "push"  # push runs where training ran: the agent install is enough
     try:
         if daemon_extra:
@@ -532,6 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _query(args, args.sql)
         if args.command == "runs":
             return _query(args, RUNS_SQL)
+        if args.command == "checkpoints":
+            return _query(args, checkpoints.registry_sql(args.run))
         if args.command == "alerts":
             return _alerts(args)
         if args.command == "export":
