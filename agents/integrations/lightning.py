@@ -1,0 +1,125 @@
+"""PyTorch Lightning: ``Trainer(logger=LightningLogger(), callbacks=[GradNormCallback()])``.
+
+``LightningLogger`` sends what the module logs with ``self.log(...)`` (at Lightning's
+``log_every_n_steps``) as metrics at the trainer's global step (``train_loss`` as ``loss``; ``val_loss``
+as it is: what ``generalisation`` reads), the hyper-parameters as the run's ``hparams`` event, and
+each saved checkpoint's digest. ``GradNormCallback`` logs, at every optimizer step of every rank, the
+global gradient norm before clipping (``on_before_optimizer_step``: Lightning clips after it) and
+the ``step_time``, so ``grad_spike``, ``slowdown`` and ``straggler`` see each rank; it also starts the
+agent with the trainer's rank and world size. The run ends with ``fit``: ``ok``, or ``error`` when
+Lightning reports it failed. With an agent already started by ``trainvigil.init()``, that one is used.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+
+from trainvigil.agents.agent import Agent, current_agent
+from trainvigil.agents.integrations._attach import Attached, numbers
+
+RENAMED = {"train_loss": "loss", "lr-AdamW": "lr", "lr-Adam": "lr", "lr-SGD": "lr"}
+"""Names Lightning users commonly log that the detectors know by another name."""
+_attached = Attached()
+"""One agent per process, shared by the logger and the callback (whichever starts first)."""
+
+
+def _agent(run_id: str | None, rank: int | None, world_size: int | None, options: Mapping[str, Any]) -> Agent:
+    return current_agent() or _attached.start(run_id, rank, world_size, None, options)
+
+
+class LightningLogger(Logger):
+    """A Lightning logger that logs through trainvigil (see the module's docstring).
+
+    Args:
+        run_id: shared by every rank; default ``VIGIL_RUN_ID`` (or torchrun's), else generated.
+        **options: agent options (``trainvigil.init``'s), e.g. ``nats_url=...``.
+    """
+
+    def __init__(self, run_id: str | None = None, **options: Any) -> None:
+        super().__init__()
+        self.run_id, self.options = run_id, options
+
+    @property
+    def name(self) -> str:
+        return "trainvigil"
+
+    @property
+    def version(self) -> str:
+        agent = current_agent()
+        return agent.run_id if agent is not None else (self.run_id or "")
+
+    def _start(self) -> Agent:
+        world = os.environ.get("WORLD_SIZE")
+        return _agent(self.run_id, rank_zero_only.rank, int(world) if world else None, self.options)
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        values = dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, Mapping) else params
+        fields = {str(k): v if isinstance(v, int | float | str | bool) or v is None else str(v)
+                  for k, v in dict(values or {}).items()}  # fmt: skip
+        self._start().event("hparams", **fields)
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        values = {RENAMED.get(k, k): v for k, v in numbers(metrics).items() if k != "epoch"}
+        if values and step is not None:
+            self._start().log(int(step), **values)
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        agent, path = (
+            current_agent(),
+            getattr(checkpoint_callback, "last_model_path", "") or getattr(checkpoint_callback, "best_model_path", ""),
+        )
+        if agent is not None and path:
+            agent.event("checkpoint", path=str(path))
+
+    def finalize(self, status: str) -> None:
+        _attached.end("error" if status == "failed" else "ok")
+
+
+class GradNormCallback(Callback):
+    """Per optimizer step and rank: the pre-clip global grad norm and the step time (see the module's docstring)."""
+
+    def __init__(self, run_id: str | None = None, **options: Any) -> None:
+        self.run_id, self.options = run_id, options
+        self._step_began = 0.0
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # The logger's run id and options when the callback was given none: one run, whoever starts it.
+        ours = next((lg for lg in trainer.loggers if isinstance(lg, LightningLogger)), None)
+        run_id = self.run_id or (ours.run_id if ours is not None else None)
+        options = self.options or (ours.options if ours is not None else {})
+        _agent(run_id, trainer.global_rank, trainer.world_size, options)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if not self._step_began:
+            self._step_began = time.perf_counter()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        agent = current_agent()
+        if agent is None:
+            return
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        now = time.perf_counter()
+        values = {"step_time": now - self._step_began} if self._step_began else {}
+        self._step_began = now
+        if grads:
+            values["grad_norm"] = float(torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False))
+        agent.log(trainer.global_step, **values)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        agent = current_agent()
+        state = checkpoint.get("state_dict")
+        if agent is not None and state:  # the file's name is not known yet here: its folder and step name it
+            folder = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
+            agent.checkpoint_saved(f"{folder} (step {trainer.global_step})", state, step=trainer.global_step)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            _attached.end("error" if trainer.interrupted else "ok")
