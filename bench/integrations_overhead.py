@@ -5,7 +5,8 @@ the same steps without the integration and with it, alternately (``--repeats`` p
 processes), against a real nats-server and daemon. A run's time is the framework's own training loop
 (``Trainer.train``'s ``train_runtime``; ``Trainer.fit`` and ``PPO.learn`` timed around the call); the
 agent is started with ``trainvigil.init()`` before the clock, so its start-up is not counted (the
-integration logs through it, as it does in a script that starts its own agent). The ratio is the median with-integration time over the median without. Target: <= 1.01.
+integration logs through it, as it does in a script that starts its own agent). The ratio is the
+median with-integration time over the median without. Target: <= 1.01.
 
     python bench/integrations_overhead.py                 # --repeats 3
     python bench/integrations_overhead.py --only sb3
