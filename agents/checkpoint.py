@@ -47,14 +47,31 @@ def manifest_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}{MANIFEST_SUFFIX}")
 
 
-def write_manifest(path: str | os.PathLike[str], d: StateDigest, step: int | None = None) -> Path:
+CODECS = ("torch", "flax-msgpack")
+"""How a checkpoint file was written: ``torch.save``, or Flax's msgpack serialization (``trainvigil.jax``)."""
+
+
+def write_manifest(path: str | os.PathLike[str], d: StateDigest, step: int | None = None, codec: str = "torch") -> Path:
     """Write ``<path>.vigil.json`` atomically (a reader never sees half a manifest)."""
     target = manifest_path(path)
     body = {"format": MANIFEST_FORMAT, "algo": d.algo, "root": d.root, "step": step, "entries": d.entries}
+    if codec != "torch":  # a manifest without it is a torch file's, as every manifest before was
+        body["codec"] = codec
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(body, indent=1))
     os.replace(tmp, target)
     return target
+
+
+def read_codec(path: str | os.PathLike[str]) -> str:
+    """How the checkpoint at ``path`` was written, from its manifest (``torch`` when it does not say).
+
+    Raises:
+        ManifestMissingError: no manifest, or it cannot be read.
+    """
+    read_manifest(path)
+    codec = json.loads(manifest_path(path).read_text()).get("codec", "torch")
+    return codec if codec in CODECS else "torch"
 
 
 def read_manifest(path: str | os.PathLike[str]) -> tuple[StateDigest, int | None]:
@@ -96,7 +113,7 @@ class Verification:
         return self.expected.differing(self.actual)
 
 
-def _record(d: StateDigest, path: str, step: int | None, origin: str, ok: bool = True) -> CheckpointDigest:
+def digest_record(d: StateDigest, path: str, step: int | None, origin: str, ok: bool = True) -> CheckpointDigest:
     return CheckpointDigest(
         time=time.time(),
         step=step,
@@ -111,7 +128,7 @@ def _record(d: StateDigest, path: str, step: int | None, origin: str, ok: bool =
 
 def saved_record(d: StateDigest, path: str, step: int | None) -> CheckpointDigest:
     """The record ``Agent.checkpoint_saved`` publishes."""
-    return _record(d, path, step, "save")
+    return digest_record(d, path, step, "save")
 
 
 def save(
@@ -136,7 +153,7 @@ def save(
     write_manifest(path, d, step)
     agent = _current.get()
     if agent is not None:
-        agent.publish(_record(d, os.fspath(path), step, "save"))
+        agent.publish(digest_record(d, os.fspath(path), step, "save"))
     plan = faults.armed()  # None unless VIGIL_FAULT armed one
     if plan is not None:
         corrupt_saved(plan, path, step)
@@ -180,7 +197,7 @@ def load(path: str | os.PathLike[str], verify: bool = True, **torch_load_kwargs:
     result, obj = verify_file(path, **torch_load_kwargs)
     agent = _current.get()
     if agent is not None:
-        agent.publish(_record(result.actual, os.fspath(path), result.step, "load", ok=result.ok))
+        agent.publish(digest_record(result.actual, os.fspath(path), result.step, "load", ok=result.ok))
     if not result.ok:
         raise CheckpointIntegrityError(os.fspath(path), result.differing)
     return obj

@@ -1,8 +1,9 @@
 """``vigil verify PATH``: check a checkpoint against the manifest written beside it.
 
 Exit codes: 0 the content matches; 1 it does not (the differing tensors are listed), or the
-file is missing or cannot be read; 2 there is no manifest; 3 torch is not installed. Needs only the
-agent install and torch (no daemon extra).
+file is missing or cannot be read; 2 there is no manifest; 3 torch is not installed (flax, for a file
+``trainvigil.jax.save`` wrote: its manifest says so). Needs only the agent install and torch (no
+daemon extra).
 """
 
 from __future__ import annotations
@@ -40,20 +41,30 @@ def run(args: argparse.Namespace) -> int:
         what = "is not a file" if Path(args.path).exists() else "does not exist"
         print(f"vigil verify: {args.path} {what}; check the path to the checkpoint", file=sys.stderr)
         return EXIT_MISMATCH
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("vigil verify: needs torch; install it with: pip install 'trainvigil[torch]'", file=sys.stderr)
-        return EXIT_NO_TORCH
-    from trainvigil.agents.checkpoint import verify_file
+    from trainvigil.agents.checkpoint import read_codec
     from trainvigil.errors import ManifestMissingError
 
     try:
-        result, _ = verify_file(args.path, weights_only=not args.full_unpickle)
+        codec = read_codec(args.path)
     except ManifestMissingError as exc:
         print(f"vigil verify: {exc}", file=sys.stderr)
         return EXIT_NO_MANIFEST
-    except Exception as exc:  # torch.load failed: a truncated or garbled file is a mismatch too
+    try:
+        if codec == "flax-msgpack":  # written by trainvigil.jax.save: needs flax, not torch
+            from trainvigil.agents.integrations.jax import verify_file as verify_flax
+
+            result, _ = verify_flax(args.path)
+        else:
+            import torch  # noqa: F401
+
+            from trainvigil.agents.checkpoint import verify_file
+
+            result, _ = verify_file(args.path, weights_only=not args.full_unpickle)
+    except ImportError as exc:
+        extra = "the jax and flax packages" if codec == "flax-msgpack" else "torch: pip install 'trainvigil[torch]'"
+        print(f"vigil verify: needs {extra} ({exc})", file=sys.stderr)
+        return EXIT_NO_TORCH
+    except Exception as exc:  # the file could not be read back: a truncated or garbled file is a mismatch too
         print(
             f"vigil verify: {args.path} cannot be read ({type(exc).__name__}: {exc}); the file is corrupt, "
             "or holds objects beyond tensors (retry with --full-unpickle if you trust it)",

@@ -15,9 +15,9 @@ __all__ = ["Agent", "VigilError", "__version__", "init"]
 
 
 def __getattr__(name: str) -> object:
-    # ``trainvigil.torch`` and ``trainvigil.checkpoint`` load on first use: torch stays unimported
-    # for scripts that never touch it.
-    if name in ("torch", "checkpoint"):
+    # ``trainvigil.torch``, ``.checkpoint``, ``.jax`` and ``.integrations`` load on first use: torch (or
+    # jax, or a framework) stays unimported for scripts that never touch it.
+    if name in ("torch", "checkpoint", "jax", "integrations"):
         import importlib
 
         return importlib.import_module(f"trainvigil.{name}")
