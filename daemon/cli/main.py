@@ -230,7 +230,7 @@ def _up(args: argparse.Namespace) -> int:
     from trainvigil.daemon.malloc import tune, tune_gc
 
     tune()  # before any thread starts: big buffers back to the system when freed (see daemon/malloc.py)
-    tune_gc()  # after the imports above: they are frozen out of collections, which then run rarely
+    tune_gc()  # cycles are collected rarely (see daemon/malloc.py)
     cfg = config_mod.load(
         args.config,
         {
