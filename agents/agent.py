@@ -344,9 +344,10 @@ def init(
     """Start an agent for this process.
 
     Args:
-        run_id: shared by all ranks of one job; default ``VIGIL_RUN_ID``, else torchrun's
-            run id, else generated and printed once.
-        rank: default ``RANK`` from the environment (torchrun sets it), else 0.
+        run_id: shared by all ranks of one job; default ``VIGIL_RUN_ID``, else the experiment's name
+            in a Ray Train worker, else torchrun's run id, else generated and printed once.
+        rank: default the Ray Train worker's world rank, else ``RANK`` from the environment
+            (torchrun sets it), else 0. World size likewise.
         nats_url: default ``VIGIL_NATS_URL``, else ``nats://127.0.0.1:4222``.
         config: the run's configuration, sent once in its ``run_start`` (``runs``/``events`` in SQL):
             hyper-parameters, and what detectors read, e.g. ``{"target_kl": 0.015}`` (``kl_explode``),

@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
@@ -163,6 +164,36 @@ def _checked(values: Mapping[str, Any], struct: type[T], names: Mapping[str, str
         raise ConfigError(f"{key}={values.get(field)!r}: {problem or exc}", key=key) from None
 
 
+@dataclass(frozen=True, slots=True)
+class RayWorker:
+    """Where this process sits in a Ray Train job (``ray.train.get_context()``)."""
+
+    run_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+
+
+def ray_worker() -> RayWorker | None:
+    """This process's place in a Ray Train job, when it is a Ray Train worker; ``None`` otherwise.
+
+    Ray is never imported here: a worker's training function runs in a process that imported it.
+    """
+    if "ray.train" not in sys.modules:
+        return None
+    try:
+        context = sys.modules["ray.train"].get_context()
+        name = str(context.get_experiment_name() or "")
+        return RayWorker(
+            run_id=name,
+            rank=int(context.get_world_rank()),
+            local_rank=int(context.get_local_rank()),
+            world_size=int(context.get_world_size()),
+        )
+    except Exception:  # the driver, or a process outside trainer.fit(): Ray says so by raising
+        return None
+
+
 def default_run_id(env: Mapping[str, str], world_size: int) -> tuple[str, bool]:
     """A run id when none was given: shared by every rank torchrun started on one node.
 
@@ -204,6 +235,11 @@ def resolve(
     for name, variable in _FROM_TORCHRUN.items():
         if env.get(variable, "") != "":
             values[name], names[name] = env[variable], variable
+    ray = ray_worker()
+    if ray is not None:  # inside a Ray Train worker: its context names the rank and the job
+        values.update(rank=ray.rank, local_rank=ray.local_rank, world_size=ray.world_size)
+        for name in ("rank", "local_rank", "world_size"):
+            names.pop(name, None)
     for name in _BOOLS & values.keys():
         values[name] = values[name].lower() in _TRUE
     values["enabled"] = env.get("VIGIL_DISABLED", "").lower() not in _TRUE
@@ -217,7 +253,7 @@ def resolve(
         values["nats_url"] = nats_url
         names.pop("nats_url", None)
     if run_id is None:
-        run_id = env.get("VIGIL_RUN_ID") or None
+        run_id = env.get("VIGIL_RUN_ID") or (ray.run_id if ray is not None else "") or None
     values["run_id"] = "-" if run_id is None else run_id  # the default depends on the world size, checked first
     options = _checked(values, AgentOptions, names)
     if run_id is not None:

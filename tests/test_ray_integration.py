@@ -1,0 +1,62 @@
+"""Ray Train: inside a worker the agent takes rank, world size and run id from ``ray.train.get_context()``, with
+no arguments, so one run groups every worker. A real local Ray instance, a ``TorchTrainer`` of 2 CPU workers,
+a real broker and daemon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import Daemon, NatsServer, wait_for
+
+pytest.importorskip("ray.train.torch")
+
+TRAIN = """
+import sys
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+def train_loop(config):
+    import trainvigil
+    agent = trainvigil.init()  # rank, world size and run id from Ray Train
+    for step in range(50):
+        agent.log(step, loss=1.0 / (step + 1), step_time=0.01)
+    assert agent.close(timeout=60)
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+TorchTrainer(train_loop, scaling_config=ScalingConfig(num_workers=2),
+             run_config=RunConfig(name="mnist-sweep", storage_path=sys.argv[1])).fit()
+ray.shutdown()
+"""
+
+
+def test_ray_train_workers_log_as_the_ranks_of_one_run_with_no_arguments(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    d = Daemon(nats_server.url, tmp_path / "data")
+    d.start()
+    try:
+        env = {**os.environ, "VIGIL_NATS_URL": nats_server.url, "PYTHONWARNINGS": "ignore", "RAY_AUTH_MODE": "disabled"}
+        done = subprocess.run([sys.executable, "-c", TRAIN, str(tmp_path / "ray")], env=env, capture_output=True,
+                              text=True, timeout=240)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        wait_for(lambda: d.scalar("select count(*) from runs where status = 'ok'") == 1, 30, "the run ended")
+        assert d.sql("select run_id, world_size from runs").rows == [["mnist-sweep", 2]]
+        per_rank = d.sql("select rank, count(*) from steps group by rank order by rank").rows
+        assert per_rank == [[0, 50], [1, 50]]
+    finally:
+        d.terminate()
+
+
+def test_outside_a_ray_train_worker_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray.train  # noqa: F401  (imported, as a Ray driver has it: get_context() raises there)
+
+    from trainvigil.agents.options import ray_worker, resolve
+
+    assert ray_worker() is None
+    options, _ = resolve(None, None, None, {}, env={"RANK": "3", "WORLD_SIZE": "4", "VIGIL_RUN_ID": "r"})
+    assert (options.rank, options.world_size, options.run_id) == (3, 4, "r")
