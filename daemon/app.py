@@ -21,9 +21,12 @@ from trainvigil.daemon.canary import Canaries
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.ingest.pipeline import Ingest
 from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.daemon.store.reads import ReadOnlyQueries
 from trainvigil.daemon.store.responder import serve_queries
 from trainvigil.daemon.store.writer import Store
+from trainvigil.daemon.web.data import DataApi
 from trainvigil.daemon.web.http import serve_http
+from trainvigil.daemon.web.live import Broadcaster
 from trainvigil.errors import ConfigError
 from trainvigil.schemas.credentials import refusal
 from trainvigil.schemas.settings import retrying
@@ -157,6 +160,32 @@ async def _watch_signals(ingest: Ingest) -> None:
             return
 
 
+async def _serve_web(
+    config: DaemonConfig,
+    metrics: DaemonMetrics,
+    store: Store,
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """The HTTP side with the web view: its data read through ``vigil sql``'s read-only path, live
+    updates fed by the store's commits."""
+    live = Broadcaster()
+    store.on_commit = live.committed
+    api = DataApi(ReadOnlyQueries(store, config).answer, config.query_concurrency, lambda: live.generation)
+    try:
+        await serve_http(
+            config.http_host,
+            config.http_port,
+            metrics,
+            config.http_token_file,
+            api=api,
+            live=live,
+            task_status=task_status,
+        )
+    finally:
+        store.on_commit = None
+
+
 async def serve(
     config: DaemonConfig,
     *,
@@ -188,7 +217,7 @@ async def serve(
                 js = nc.jetstream()
                 await _with_retries(lambda: ensure_stream(js, config.stream), url, config.connect_timeout_s)
                 if config.http_port:
-                    await tg.start(serve_http, config.http_host, config.http_port, metrics, config.http_token_file)
+                    await tg.start(_serve_web, config, metrics, store)
                 await tg.start(serve_queries, nc, store, config, metrics)
                 alerts = Alerts(nc, config.alerts, metrics)
                 await tg.start(alerts.serve)

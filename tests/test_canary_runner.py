@@ -39,7 +39,10 @@ def daemons(nats_server: NatsServer, tmp_path: Path) -> Iterator[list[Daemon]]:
     yield started
     for d in started:
         if d.process is not None and d.process.poll() is None:
-            d.kill()
+            try:
+                d.terminate()  # SIGTERM: the daemon stops its bundled nats-server too (SIGKILL would orphan it)
+            except subprocess.TimeoutExpired:
+                d.kill()
 
 
 def _daemon(daemons: list[Daemon], nats_server: NatsServer, tmp_path: Path, *args: str, **env: str) -> Daemon:
@@ -285,4 +288,4 @@ def test_with_auth_on_a_canary_connects_as_an_agent_and_only_the_daemons_credent
         assert said.read_text() == str(d.creds("agent").resolve()), "the agent's file, never the daemon's"
     finally:
         if d.process is not None and d.process.poll() is None:
-            d.kill()
+            d.terminate()  # SIGTERM: the daemon stops its bundled nats-server too (SIGKILL would orphan it)

@@ -119,9 +119,9 @@ def test_the_vendored_schema_rejects_an_unknown_service_key(
     assert not validator.is_valid(broken)
 
 
-def test_services_are_auth_nats_daemon_and_prometheus(compose: dict[str, Any]) -> None:
+def test_services_are_auth_nats_daemon_prometheus_and_grafana(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"auth", "nats", "daemon", "prometheus"}
+    assert set(services) == {"auth", "nats", "daemon", "prometheus", "grafana"}
     assert services["daemon"]["build"] == "."
     assert "nats" in services["daemon"]["depends_on"]
 
@@ -312,7 +312,21 @@ def test_bind_mounted_files_exist(compose: dict[str, Any]) -> None:
     ]
     assert binds, "expected deploy/prometheus.yml to be bind-mounted"
     for source in binds:
-        assert (ROOT / source).is_file(), f"{source} is mounted but does not exist"
+        assert (ROOT / source).exists(), f"{source} is mounted but does not exist"
+
+
+def test_grafana_is_provisioned_with_the_dashboards_and_prometheus(compose: dict[str, Any]) -> None:
+    grafana = compose["services"]["grafana"]
+    mounts = dict(_volume_mounts(grafana))
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    provider = _load_yaml(ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "trainvigil.yml")
+    assert mounts["./deploy/grafana/dashboards"] == provider["providers"][0]["options"]["path"]
+    source = _load_yaml(ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+    (datasource,) = source["datasources"]
+    assert datasource["url"] == "http://prometheus:9090" and set(grafana["networks"]) & set(
+        compose["services"]["prometheus"]["networks"]
+    )
+    assert grafana["ports"] == ["127.0.0.1:3000:3000"]
 
 
 def test_prometheus_scrapes_the_daemon_metrics_endpoint(compose: dict[str, Any]) -> None:

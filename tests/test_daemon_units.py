@@ -8,7 +8,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import duckdb
+import httpx
 import msgspec
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from trainvigil.daemon.config import DaemonConfig, StreamConfig, load
 from trainvigil.daemon.formatting import render
 from trainvigil.daemon.metrics import DaemonMetrics, Histogram
 from trainvigil.daemon.store.query import answer, check_read_only, open_read_only, run_query
-from trainvigil.daemon.web.http import respond
+from trainvigil.daemon.web.routes import build_app
 from trainvigil.errors import ConfigError, QueryError, QueryRefusedError, WireError
 from trainvigil.schemas import (
     Anomaly,
@@ -511,12 +513,15 @@ def test_render_json_output_is_strict_json_even_for_nan_and_inf() -> None:
 # ---- HTTP and metrics ------------------------------------------------------------------------
 
 
-def _split_response(raw: bytes) -> tuple[str, dict[str, str], bytes]:
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status, *header_lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    assert int(headers["Content-Length"]) == len(body)
-    return status, headers, body
+def _request(metrics: DaemonMetrics, path: str, method: str = "GET") -> httpx.Response:
+    """One request to the daemon's real ASGI app, in process."""
+
+    async def ask() -> httpx.Response:
+        transport = httpx.ASGITransport(app=build_app(metrics))
+        async with httpx.AsyncClient(transport=transport, base_url="http://vigil") as client:
+            return await client.request(method, path)
+
+    return anyio.run(ask, backend="asyncio")
 
 
 def test_metrics_endpoint_serves_prometheus_text() -> None:
@@ -527,14 +532,14 @@ def test_metrics_endpoint_serves_prometheus_text() -> None:
     metrics.consumer_lag = 17
     metrics.last_commit = 1795000000.25
     metrics.batch_write_seconds.observe(0.003)
-    status, headers, body = _split_response(respond("GET /metrics HTTP/1.1", metrics))
-    assert status == "HTTP/1.1 200 OK"
-    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    text = body.decode()
+    response = _request(metrics, "/metrics")
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = response.text
     assert 'vigil_events_ingested_total{kind="steps"} 40' in text
     assert 'vigil_events_ingested_total{kind="heartbeat"} 2' in text
     assert "vigil_consumer_lag 17" in text
-    assert "vigil_last_commit_timestamp_seconds 1795000000.250" in text
+    assert "vigil_last_commit_timestamp_seconds 1.79500000025e+09" in text  # prometheus_client writes Go's floats
     assert 'vigil_dead_letters_total{reason="malformed"} 3' in text
     assert 'vigil_batch_write_seconds_bucket{le="0.0025"} 0' in text
     assert 'vigil_batch_write_seconds_bucket{le="0.005"} 1' in text
@@ -574,50 +579,43 @@ def test_histogram_buckets_are_cumulative_and_count_values_past_the_last_bound()
     hist = Histogram()
     for value in (0.0005, 0.001, 0.02, 0.02, 20.0):
         hist.observe(value)
-    lines = dict(line.rsplit(" ", 1) for line in hist.render("h"))
-    assert lines['h_bucket{le="0.001"}'] == "2"
-    assert lines['h_bucket{le="0.025"}'] == "4"
-    assert lines['h_bucket{le="10.0"}'] == "4"
-    assert lines['h_bucket{le="+Inf"}'] == "5"
-    assert lines["h_count"] == "5"
-    assert float(lines["h_sum"]) == pytest.approx(20.0415)
+    buckets = dict(hist.cumulative())
+    assert buckets["0.001"] == 2
+    assert buckets["0.025"] == 4
+    assert buckets["10.0"] == 4
+    assert buckets["+Inf"] == 5
+    assert hist.n == 5
+    assert hist.total == pytest.approx(20.0415)
 
 
 def test_healthz_is_200_when_the_broker_is_connected() -> None:
     metrics = DaemonMetrics(broker_connected=True, last_seq=42, consumer_lag=3)
-    status, headers, body = _split_response(respond("GET /healthz HTTP/1.1", metrics))
-    assert status == "HTTP/1.1 200 OK"
-    assert headers["Content-Type"] == "application/json"
-    assert json.loads(body) == {"status": "ok", "broker_connected": True, "last_seq": 42, "consumer_lag": 3}
+    response = _request(metrics, "/healthz")
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "application/json"
+    assert response.json() == {"status": "ok", "broker_connected": True, "last_seq": 42, "consumer_lag": 3}
 
 
 def test_healthz_is_503_when_the_broker_is_disconnected() -> None:
-    status, _, body = _split_response(respond("GET /healthz?verbose=1 HTTP/1.1", DaemonMetrics()))
-    assert status == "HTTP/1.1 503 Service Unavailable"
-    assert json.loads(body)["status"] == "degraded"
+    response = _request(DaemonMetrics(), "/healthz?verbose=1")
+    assert response.status_code == 503
+    assert response.json()["status"] == "degraded"
 
 
 def test_unknown_path_is_404() -> None:
-    status, _, body = _split_response(respond("GET /favicon.ico HTTP/1.1", DaemonMetrics()))
-    assert status == "HTTP/1.1 404 Not Found"
-    assert b"/healthz" in body
+    response = _request(DaemonMetrics(), "/favicon.ico")
+    assert response.status_code == 404
+    assert "/healthz" in response.text
 
 
-@pytest.mark.parametrize("line", ["POST /metrics HTTP/1.1", "DELETE /healthz HTTP/1.1", "", "GET"])
-def test_other_methods_and_malformed_request_lines_are_405(line: str) -> None:
-    status, _, _ = _split_response(respond(line, DaemonMetrics()))
-    assert status == "HTTP/1.1 405 Method Not Allowed"
-
-
-def test_responses_close_the_connection() -> None:
-    _, headers, _ = _split_response(respond("GET /metrics HTTP/1.1", DaemonMetrics()))
-    assert headers["Connection"] == "close"
+@pytest.mark.parametrize(("method", "path"), [("POST", "/metrics"), ("DELETE", "/healthz")])
+def test_other_methods_are_405(method: str, path: str) -> None:
+    assert _request(DaemonMetrics(), path, method).status_code == 405
 
 
 def test_head_request_gets_the_get_headers_without_a_body() -> None:
     metrics = DaemonMetrics()
-    raw = respond("HEAD /metrics HTTP/1.1", metrics)
-    assert raw.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert raw.endswith(b"\r\n\r\n")
-    _, _, get_body = _split_response(respond("GET /metrics HTTP/1.1", metrics))
-    assert f"Content-Length: {len(get_body)}\r\n".encode() in raw
+    head = _request(metrics, "/metrics", "HEAD")
+    assert head.status_code == 200 and head.content == b""
+    get = _request(metrics, "/metrics")
+    assert int(head.headers["Content-Length"]) == len(get.content)

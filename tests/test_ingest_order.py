@@ -31,7 +31,7 @@ from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import StreamConfig
 from trainvigil.daemon.metrics import DaemonMetrics
-from trainvigil.daemon.web.http import respond
+from trainvigil.daemon.web.routes import health
 from trainvigil.schemas import Column, Envelope, Source, StepBatch, encode
 
 STREAM = StreamConfig()
@@ -186,12 +186,11 @@ def _drain(url: str, data_dir: Path, timeout: float = 60) -> str:
 
 def test_healthz_is_degraded_with_the_reason_while_the_ingest_is_stuck() -> None:
     metrics = DaemonMetrics(broker_connected=True, stuck="ingest_stuck: the consumer owes messages")
-    response = respond("GET /healthz HTTP/1.1", metrics)
-    assert response.startswith(b"HTTP/1.1 503")
-    body = json.loads(response.split(b"\r\n\r\n", 1)[1])
+    status, body = health(metrics)
+    assert status == 503
     assert body["status"] == "degraded" and body["reasons"] == ["ingest_stuck: the consumer owes messages"]
     metrics.broker_connected = False
-    body = json.loads(respond("GET /healthz HTTP/1.1", metrics).split(b"\r\n\r\n", 1)[1])
+    _, body = health(metrics)
     assert body["reasons"][0] == "broker_disconnected"
 
 

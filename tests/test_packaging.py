@@ -28,7 +28,7 @@ def test_wheel_installs_and_imports_from_outside_the_repo(tmp_path: Path) -> Non
         for path in (ROOT / folder).rglob("*"):
             if path.is_dir() or "__pycache__" in path.parts:
                 continue
-            if path.suffix in {".py", ".sql", ".json"}:
+            if path.suffix in {".py", ".sql", ".json", ".js", ".css"}:
                 name = "trainvigil/" + path.relative_to(ROOT).as_posix()
                 assert name in names, f"{name} is missing from the wheel (add its package to pyproject.toml)"
     tops = {n.split("/")[0] for n in names if not n.startswith("trainvigil-")}

@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, WORKLOADS
@@ -264,70 +265,26 @@ async def _daemon_answers(conn: _Connection, url: str) -> bool:
     return True
 
 
-async def _run_embedded(config: DaemonConfig, asks: list[CanaryRequest]) -> list[CanaryResult]:
-    """Start a daemon in this process for as long as the canaries take."""
-    import anyio
-    import msgspec
-    from anyio.abc import TaskStatus
-
-    from trainvigil.daemon.app import serve
-    from trainvigil.daemon.broker.bus import access
-    from trainvigil.daemon.cli.sqlclient import _connect
-    from trainvigil.daemon.logs import configure
-    from trainvigil.errors import DaemonUnavailableError
-
-    configure(config.log_format, "error")  # its alerts are followed here; its log would say them twice
-    local = msgspec.structs.replace(config, http_port=0)
-    results: list[CanaryResult] = []
-    async with anyio.create_task_group() as tg:
-
-        async def daemon(*, task_status: TaskStatus[str]) -> None:
-            await serve(local, task_status=task_status)
-            tg.cancel_scope.cancel()  # stopped by a signal: stop waiting for verdicts
-
-        url: str = await tg.start(daemon)
-        _say(f"started a daemon here on {url} (data in {config.data_dir}) for these canaries")
-        conn = await _connect(url, access(local, "daemon"))
-        if conn is None or conn.nc is None:
-            raise DaemonUnavailableError(f"the daemon started here does not answer at {url}")
-        try:
-            results = await drive(conn.nc, url, asks)
-        finally:
-            await conn.nc.close()
-            tg.cancel_scope.cancel()
-    if len(results) < len(asks):
-        raise DaemonUnavailableError("interrupted before every canary was judged; see vigil canary list")
-    return results
-
-
 def run(args: argparse.Namespace) -> int:
     """``vigil canary run`` (see the module's docstring); the exit status."""
     import anyio
-    import msgspec
 
     from trainvigil.daemon import config as config_mod
-    from trainvigil.daemon.broker.bus import access
-    from trainvigil.daemon.cli.sqlclient import _connect
+    from trainvigil.daemon.cli._with_daemon import with_daemon
 
     overrides = {"data_dir": args.data_dir, "nats_url": args.nats_url, "nats_creds": args.nats_creds}
     cfg = config_mod.load(args.config, overrides)
-    url = cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}"
     asks = requests(args, cfg)
     started = time.monotonic()
 
-    async def main() -> list[CanaryResult]:
-        conn = await _connect(url, access(cfg, "daemon"))
-        if conn is not None and conn.nc is not None:
-            try:
-                if await _daemon_answers(conn, url):
-                    return await drive(conn.nc, url, asks)
-            finally:
-                await conn.nc.close()
-        _say(f"no daemon answered at {url}")
-        local = cfg if conn is None else msgspec.structs.replace(cfg, nats_url=url)
-        return await _run_embedded(local, asks)
+    async def work(conn: _Connection, url: str) -> list[CanaryResult]:
+        assert conn.nc is not None
+        return await drive(conn.nc, url, asks)
 
-    results = anyio.run(main, backend="asyncio")
+    interrupted = "interrupted before every canary was judged; see vigil canary list"
+    results = anyio.run(
+        partial(with_daemon, cfg, "daemon", work, _daemon_answers, interrupted=interrupted), backend="asyncio"
+    )
     sys.stdout.write(report(results, args.format))
     passed = sum(r.verdict == "pass" for r in results)
     _say(f"{passed} of {len(results)} canaries passed in {time.monotonic() - started:.0f} s")

@@ -186,10 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     _creds_arg(export)
     verify.add_parser(sub)
     checkpoints.add_parser(sub, _query_args)
-    from trainvigil.daemon.cli import canary, report  # light: their daemon imports are inside their functions
+    # Light: their heavy imports are inside functions.
+    from trainvigil.daemon.cli import bench_optim, canary, plot, report
 
     canary.add_parser(sub, _query_args)
     report.add_parser(sub)
+    plot.add_parser(sub)
+    bench_optim.add_parser(sub)
     return parser
 
 
@@ -253,6 +256,8 @@ def _up(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if cfg.http_port:
+            print(f"vigil: open http://{_url_host(cfg.http_host)}:{cfg.http_port}/", file=sys.stderr, flush=True)
 
     try:
         anyio.run(lambda: serve(cfg, drain=args.drain, on_ready=ready), backend="asyncio")
@@ -262,6 +267,13 @@ def _up(args: argparse.Namespace) -> int:
             raise
         raise explained from exc
     return EXIT_OK
+
+
+def _url_host(host: str) -> str:
+    """The host part of a URL for the address the HTTP side binds (all addresses: this machine's loopback)."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def _check_data_dir(path: str) -> None:
@@ -587,10 +599,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.action == "list":
                 return _query(args, canary.list_sql(args.last))
             return canary.run(args)
+        if args.command == "bench-optim":
+            from trainvigil.daemon.cli import bench_optim
+
+            return bench_optim.run(args)
         if args.command == "report":
             from trainvigil.daemon.cli import report
 
             return report.run(args, *_reader(args))
+        if args.command == "plot":
+            from trainvigil.daemon.cli import plot
+
+            return plot.run(args, *_reader(args))
     except Exception as exc:
         known = next(((e, v) for e in _leaves(exc) for t, v in failures.items() if isinstance(e, t)), None)
         if known is None:

@@ -457,6 +457,7 @@ class Ingest:
                 m.last_seq = self.store.last_seq
                 m.last_commit = time.time()
                 _count(m, batch)
+                m.runs.observe(batch, m.last_commit)
                 if batch.dead_letters:
                     for letter in batch.dead_letters:
                         log.warning(

@@ -8,10 +8,8 @@ gets an answer, even one that cannot be decoded or whose answer fails to encode.
 from __future__ import annotations
 
 import contextlib
-from functools import partial
 
 import anyio
-import duckdb
 import msgspec
 import nats.errors
 import structlog
@@ -21,7 +19,7 @@ from nats.aio.msg import Msg
 
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
-from trainvigil.daemon.store.query import answer
+from trainvigil.daemon.store.reads import ReadOnlyQueries
 from trainvigil.daemon.store.writer import Store
 from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.query import QueryRequest, QueryResult, split_result
@@ -46,7 +44,7 @@ async def serve_queries(
     """
     sub = await nc.subscribe(QUERY_SUBJECT, queue="vigil-query")
     slots = anyio.Semaphore(config.query_concurrency)
-    running: set[duckdb.DuckDBPyConnection] = set()
+    reads = ReadOnlyQueries(store, config)
     task_status.started()
     try:
         async with anyio.create_task_group() as tg:
@@ -61,10 +59,9 @@ async def serve_queries(
                         )
                         await _reply(nc, msg, busy, metrics, outcome="busy")
                         continue
-                    tg.start_soon(_serve_one, nc, msg, store, config, metrics, slots, running)
+                    tg.start_soon(_serve_one, nc, msg, reads, metrics, slots)
             finally:
-                for cursor in list(running):
-                    cursor.interrupt()
+                reads.interrupt()
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
@@ -73,14 +70,12 @@ async def serve_queries(
 async def _serve_one(
     nc: NATS,
     msg: Msg,
-    store: Store,
-    config: DaemonConfig,
+    reads: ReadOnlyQueries,
     metrics: DaemonMetrics,
     slots: anyio.Semaphore,
-    running: set[duckdb.DuckDBPyConnection],
 ) -> None:
     try:
-        result = await _run(msg, store, config, running)
+        result = await _run(msg, reads)
     except Exception as exc:  # one bad request never takes the daemon down, and still gets an answer
         log.exception("query_failed", error=repr(exc))
         result = QueryResult(error=f"the daemon failed to answer ({exc!r}); see its log")
@@ -94,29 +89,12 @@ async def _serve_one(
             await _reply(nc, msg, QueryResult(error=f"the daemon could not send its answer ({exc!r})"), metrics)
 
 
-async def _run(msg: Msg, store: Store, config: DaemonConfig, running: set[duckdb.DuckDBPyConnection]) -> QueryResult:
+async def _run(msg: Msg, reads: ReadOnlyQueries) -> QueryResult:
     try:
         request = _request_decoder.decode(msg.data)
     except msgspec.MsgspecError as exc:
         return QueryResult(error=f"bad query request: {exc}", refused=True)
-    cursor = store.cursor()
-    running.add(cursor)
-    try:
-        return await anyio.to_thread.run_sync(
-            partial(
-                answer,
-                cursor,
-                request,
-                config.query_row_limit,
-                config.query_timeout_s,
-                max_bytes=config.query_max_bytes,
-                memory_bytes=config.query_memory_bytes,
-                spill_bytes=config.query_spill_bytes,
-            )
-        )
-    finally:
-        running.discard(cursor)
-        cursor.close()
+    return await reads.answer(request)
 
 
 async def _reply(nc: NATS, msg: Msg, result: QueryResult, metrics: DaemonMetrics, outcome: str = "") -> None:

@@ -63,6 +63,13 @@ CREATE TABLE IF NOT EXISTS canary_results (
     fault_step BIGINT, fired_step BIGINT, latency_steps BIGINT, detail VARCHAR,
     workload VARCHAR, verdict VARCHAR, fired_detector VARCHAR, latency_s DOUBLE, exit_code INTEGER, duration_s DOUBLE
 );
+-- Added in schema version 4; rows come from optim_result events (store/_optim.py keeps the column order).
+CREATE TABLE IF NOT EXISTS optim_results (
+    time TIMESTAMPTZ, bench_id VARCHAR, run_id VARCHAR, optimizer VARCHAR, spec VARCHAR, kwargs JSON,
+    workload VARCHAR, seed INTEGER, lr DOUBLE, steps BIGINT, initial_loss DOUBLE, final_loss DOUBLE,
+    steps_to_half BIGINT, step_time_mean_s DOUBLE, step_time_p95_s DOUBLE, state_bytes BIGINT, peak_bytes BIGINT,
+    unstable_run_id VARCHAR, unstable_lr_factor DOUBLE, stable BOOLEAN, unstable_reason VARCHAR
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     time TIMESTAMPTZ, subject VARCHAR, stream_seq BIGINT, reason VARCHAR, error VARCHAR, raw BLOB
 );
@@ -182,6 +189,29 @@ COMMENT ON COLUMN canary_results.fired_detector IS 'detector whose episode fired
 COMMENT ON COLUMN canary_results.latency_s IS 'time from the injection to that episode, seconds';
 COMMENT ON COLUMN canary_results.exit_code IS 'exit status of the job (negative: killed by that signal); NULL if it was still running';
 COMMENT ON COLUMN canary_results.duration_s IS 'wall time of the job, seconds';
+
+COMMENT ON TABLE optim_results IS 'vigil bench-optim: one row per (optimizer, workload, seed), from its optim_result event.';
+COMMENT ON COLUMN optim_results.time IS 'when the result was published (producer clock)';
+COMMENT ON COLUMN optim_results.bench_id IS 'the benchmark (one vigil bench-optim) that ran it: the run that published the event';
+COMMENT ON COLUMN optim_results.run_id IS 'the measured run (optim-<optimizer>-<workload>-s<seed>): its rows in steps and anomalies';
+COMMENT ON COLUMN optim_results.optimizer IS 'optimizer name as in the table (adamw, lion, adan, sophia, muon, or a class name)';
+COMMENT ON COLUMN optim_results.spec IS 'module:Class that was built';
+COMMENT ON COLUMN optim_results.kwargs IS 'keyword arguments it was given besides lr (JSON object)';
+COMMENT ON COLUMN optim_results.workload IS 'supervised, rl or quadratic';
+COMMENT ON COLUMN optim_results.seed IS 'seed: the same data order for every optimizer';
+COMMENT ON COLUMN optim_results.lr IS 'peak learning rate of the shared warm-up/cosine schedule';
+COMMENT ON COLUMN optim_results.steps IS 'optimizer steps run, a count';
+COMMENT ON COLUMN optim_results.initial_loss IS 'loss of the first step (RL: 1 - success rate; quadratic: the objective)';
+COMMENT ON COLUMN optim_results.final_loss IS 'mean loss over the last 5% of steps, the workload''s loss unit';
+COMMENT ON COLUMN optim_results.steps_to_half IS 'first step whose loss is at most half the first step''s, steps; NULL if never';
+COMMENT ON COLUMN optim_results.step_time_mean_s IS 'mean wall time of a training step (forward, backward, clip, step), seconds';
+COMMENT ON COLUMN optim_results.step_time_p95_s IS '95th percentile of that step time, seconds';
+COMMENT ON COLUMN optim_results.state_bytes IS 'optimizer state tensors after training, bytes';
+COMMENT ON COLUMN optim_results.peak_bytes IS 'peak memory over the first 10 steps above the level at the run''s start, bytes: Python allocations of the whole process (tracemalloc); torch''s CPU tensors are not tracked (see state_bytes); NULL if not traced';
+COMMENT ON COLUMN optim_results.unstable_run_id IS 'the same run at unstable_lr_factor x the LR, judged by the detectors';
+COMMENT ON COLUMN optim_results.unstable_lr_factor IS 'LR multiplier of the stability run (10 by default)';
+COMMENT ON COLUMN optim_results.stable IS 'no non_finite or loss_spike page on the stability run; NULL if not judged';
+COMMENT ON COLUMN optim_results.unstable_reason IS 'the page that made it unstable (detector at step); empty when stable';
 
 COMMENT ON TABLE dead_letters IS 'Messages that could not be read or stored, kept whole for inspection.';
 COMMENT ON COLUMN dead_letters.time IS 'when the daemon refused the message';

@@ -12,6 +12,7 @@ import contextlib
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -24,15 +25,17 @@ import pyarrow as pa
 import structlog
 
 from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, StepColumns, decode_batch
+from trainvigil.daemon.store._optim import optim_rows
 from trainvigil.errors import ConfigError, StoreUnavailableError
 from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
 
 log = structlog.get_logger("trainvigil.store")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """1: times as naive UTC ``TIMESTAMP``. 2: times as ``TIMESTAMPTZ``, comments on every table and
 column, the ``run_summary`` and ``open_alerts`` views. 3: ``canary_results`` gains the verdict and
-its evidence (``_CANARY_V3``). ``_migrate`` brings older files up to date."""
+its evidence (``_CANARY_V3``). 4: ``optim_results``, rows materialised from ``optim_result`` events
+(a new table, which ``schema.sql`` creates in an older file too). ``_migrate`` brings older files up to date."""
 STORAGE_VERSION = "v1.4.0"
 """DuckDB storage format of new files: DuckDB 1.4.0 and newer read it (the 1.4 LTS and 1.5 CLIs
 among them), while the default of the DuckDB we run (2.0) is unreadable for every 1.x release."""
@@ -48,6 +51,7 @@ _TABLES = (
     "checkpoints",
     "anomalies",
     "canary_results",
+    "optim_results",
     "dead_letters",
     "data_loss",
     "ingest_offsets",
@@ -255,6 +259,7 @@ def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                 con.execute(f"ALTER TABLE canary_results ADD COLUMN IF NOT EXISTS {column} {kind}")
             # Rows of the old schema only knew ``passed``.
             con.execute("UPDATE canary_results SET verdict = CASE WHEN passed THEN 'pass' ELSE 'fail' END")
+        # Version 4 only adds optim_results, which SCHEMA_SQL creates; before it no event made a row.
         con.execute("UPDATE schema_info SET version = ?", [SCHEMA_VERSION])
         con.execute("COMMIT")
     except BaseException:
@@ -292,6 +297,9 @@ class Store:
             self._config["memory_limit"] = f"{memory_limit_bytes}B"
         self._lock = threading.Lock()
         self._invalidated = False
+        self.on_commit: Callable[[IngestBatch], None] | None = None
+        """Called on the writer's thread with each batch once it is committed (the web view's live
+        updates); it must return at once and never raise."""
         self._open()
 
     def _open(self) -> None:
@@ -358,6 +366,8 @@ class Store:
             pending = self._unapplied(batch)
             try:
                 self._apply(pending)
+                if self.on_commit is not None:
+                    self.on_commit(pending)
                 return []
             except Exception as exc:
                 self._raise_if_unavailable(exc)
@@ -577,6 +587,7 @@ class Store:
         )
         self.write_anomalies(b.anomalies)
         self._write_canaries(b.canaries)
+        self._insert("optim_results", optim_rows(b.events))
         self._insert(
             "dead_letters",
             [(_ts(time.time()), d.subject, d.seq, d.reason, d.error, d.data) for d in b.dead_letters],

@@ -1,4 +1,4 @@
-"""``GET /healthz`` and ``GET /metrics``: a minimal HTTP/1.1 server on anyio, nothing else.
+"""The daemon's HTTP side: the Starlette app (:mod:`.routes`) served by uvicorn inside the daemon's task group.
 
 With ``http_token_file`` set, every request but ``/healthz`` (which orchestrators probe without
 credentials, and which tells nothing but up or degraded) must carry ``Authorization: Bearer <token>``,
@@ -8,101 +8,47 @@ else it gets 401 and ``WWW-Authenticate: Bearer``.
 from __future__ import annotations
 
 import contextlib
-import hmac
-import json
+import socket
+from collections.abc import Iterator
 
 import anyio
 import structlog
-from anyio.abc import SocketStream, TaskStatus
+import uvicorn
+from anyio.abc import TaskStatus
 
 from trainvigil.daemon.config import read_secret
 from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.daemon.web.data import DataApi
+from trainvigil.daemon.web.live import Broadcaster
+from trainvigil.daemon.web.routes import build_app
 
 log = structlog.get_logger("trainvigil.http")
+_SHUTDOWN_S = 2
 
 
-def _response(status: str, body: bytes, content_type: str, extra: str = "") -> bytes:
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n{extra}"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the daemon owns SIGTERM/SIGINT and stops the task group."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
-_UNAUTHORIZED = _response(
-    "401 Unauthorized",
-    b"send Authorization: Bearer <the token in http_token_file>\n",
-    "text/plain",
-    'WWW-Authenticate: Bearer realm="trainvigil"\r\n',
-)
-
-
-def carries_token(head: bytes, token: bytes) -> bool:
-    """Whether a request's head carries ``Authorization: Bearer <token>`` (always true without a token).
-
-    The token is compared in constant time (``hmac.compare_digest``), so how long a refusal takes
-    says nothing about how much of a guess was right.
-    """
-    if not token:
-        return True
-    for line in head.split(b"\r\n")[1:]:
-        name, colon, value = line.partition(b":")
-        if colon and name.strip().lower() == b"authorization":
-            scheme, _, credentials = value.strip().partition(b" ")
-            return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token)
-    return False
-
-
-def respond(request_line: str, metrics: DaemonMetrics, *, authorized: bool = True) -> bytes:
-    """The whole HTTP response for one request line (pure, so it is tested without sockets).
-
-    A HEAD request gets the GET response's head only (Content-Length still tells its size).
-    ``authorized``: whether the request carried the token (see :func:`carries_token`); ``/healthz``
-    answers either way.
-    """
-    parts = request_line.split()
-    if len(parts) < 2 or parts[0] not in {"GET", "HEAD"}:
-        return _response("405 Method Not Allowed", b"only GET\n", "text/plain")
-    path = parts[1].split("?", 1)[0]
-    response = _get(path, metrics) if authorized or path == "/healthz" else _UNAUTHORIZED
-    if parts[0] == "HEAD":
-        return response[: response.index(b"\r\n\r\n") + 4]
-    return response
-
-
-def _get(path: str, metrics: DaemonMetrics) -> bytes:
-    if path == "/metrics":
-        return _response("200 OK", metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
-    if path == "/healthz":
-        broker = "" if metrics.broker_connected else "broker_disconnected"
-        reasons = [r for r in (broker, metrics.stuck, metrics.store_unavailable) if r]
-        health: dict[str, object] = {
-            "status": "degraded" if reasons else "ok",
-            "broker_connected": metrics.broker_connected,
-            "last_seq": metrics.last_seq,
-            "consumer_lag": metrics.consumer_lag,
-        }
-        if reasons:
-            health["reasons"] = reasons
-        body = json.dumps(health).encode()
-        return _response("503 Service Unavailable" if reasons else "200 OK", body, "application/json")
-    return _response("404 Not Found", b"try /healthz or /metrics\n", "text/plain")
-
-
-async def _handle(stream: SocketStream, metrics: DaemonMetrics, token: bytes) -> None:
-    async with stream:
-        data = b""
-        with anyio.move_on_after(5):
-            while b"\r\n\r\n" not in data and len(data) < 8192:
-                try:
-                    chunk = await stream.receive(4096)
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    return
-                data += chunk
-        head = data.split(b"\r\n\r\n", 1)[0]
-        line = head.split(b"\r\n", 1)[0].decode("latin-1")
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await stream.send(respond(line, metrics, authorized=carries_token(head, token)))
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket, bound before anything else starts, so a taken port fails the start-up."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and without it a
+    # keep-alive client waits ~40 ms (delayed ACK) for every response written in two parts.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(512)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 async def serve_http(
@@ -111,21 +57,44 @@ async def serve_http(
     metrics: DaemonMetrics,
     token_file: str = "",
     *,
+    api: DataApi | None = None,
+    live: Broadcaster | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; reports the bound port (useful with port 0... which means 'off'
-    in the config, so tests pass an explicit free port).
+    """Serve until cancelled; reports the bound port (port 0 means 'off' in the config, so tests pass a free one).
 
     Args:
         token_file: ``http_token_file``: the bearer token every request but ``/healthz`` needs ("" = none).
+        api, live: the web view's data and live updates (without them, only ``/healthz`` and ``/metrics``).
 
     Raises:
         ConfigError: ``token_file`` cannot be read or holds no valid token (before anything listens).
+        OSError: the address cannot be bound.
     """
     token = read_secret("http_token_file", token_file).encode() if token_file else b""
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
-    bound = listener.extra(anyio.abc.SocketAttribute.local_port)
-    log.info("http_listening", url=f"http://{host}:{bound}", endpoints=["/healthz", "/metrics"], token=bool(token))
+    sock = _listen(host, port)
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(
+        build_app(metrics, token, api, live),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        ws="none",
+        timeout_graceful_shutdown=_SHUTDOWN_S,
+    )
+    server = _Server(config)
+    endpoints = ["/healthz", "/metrics"] + (["/"] if api is not None else [])
+    log.info("http_listening", url=f"http://{host}:{bound}", endpoints=endpoints, token=bool(token))
+    if live is not None:
+        live.bind()
     task_status.started(bound)
-    async with listener:
-        await listener.serve(lambda s: _handle(s, metrics, token))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        # Cancelled with the daemon: stop accepting and drop open connections (live pages never end).
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_S):
+            server.should_exit = server.force_exit = True
+            if live is not None:
+                live.close()
+            await server.shutdown(sockets=[sock])
+        sock.close()

@@ -1,0 +1,153 @@
+"""The web view's read queries, as SQL text (pure: built and tested without a database).
+
+They run through the daemon's read-only query path like any ``vigil sql`` query, so values from a
+request only ever enter as quoted literals (:func:`literal`) or checked integers, and known metric
+names as identifiers from a fixed list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainvigil.schemas import KNOWN_METRICS
+
+MAX_POINTS = 2000
+"""Points per series at most: every bucket contributes its minimum and its maximum."""
+MAX_ROWS = 10_000
+"""Bucket rows one series answer may hold (``query_row_limit``'s default)."""
+_CHRONO = "coalesce(updated_at, time)"
+
+
+def literal(text: str) -> str:
+    """``text`` as a SQL string literal (DuckDB's standard strings: only ``'`` needs doubling)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def metric_expr(metric: str) -> str:
+    """The column of a known metric, else the custom metric's value in ``extra``."""
+    return metric if metric in KNOWN_METRICS else f"extra[{literal(metric)}]"
+
+
+def runs() -> str:
+    """Every run with its status, ranks, last step, recent steps/s and open alerts by severity, latest first."""
+    return f"""
+WITH last AS (SELECT run_id, max(step) AS last_step, count(DISTINCT rank) AS ranks FROM steps GROUP BY run_id),
+recent AS (
+    SELECT s.run_id,
+        (max(s.step) - min(s.step)) / nullif(epoch(max(s.time)) - epoch(min(s.time)), 0) AS steps_per_s
+    FROM steps s JOIN runs r USING (run_id)
+    WHERE s.time >= r.last_seen - INTERVAL 30 SECOND GROUP BY s.run_id
+),
+episodes AS (
+    SELECT run_id, episode, bool_or(severity = 'page') AS paged, arg_max(state, {_CHRONO}) AS state
+    FROM anomalies GROUP BY run_id, episode
+),
+open AS (
+    SELECT run_id, count_if(paged) AS page, count_if(NOT paged) AS warn
+    FROM episodes WHERE state <> 'cleared' GROUP BY run_id
+)
+SELECT r.run_id, r.status, greatest(r.world_size, last.ranks) AS ranks, last.last_step, recent.steps_per_s,
+    epoch(r.last_seen) AS last_seen, epoch(r.first_seen) AS first_seen,
+    coalesce(open.page, 0) AS open_page, coalesce(open.warn, 0) AS open_warn
+FROM runs r LEFT JOIN last USING (run_id) LEFT JOIN recent USING (run_id) LEFT JOIN open USING (run_id)
+ORDER BY r.last_seen DESC NULLS LAST, r.run_id"""
+
+
+def run_info(run_id: str) -> str:
+    """One run's row, its step range, ranks, and which metrics it logged (known ones with values, custom names)."""
+    counts = ", ".join(f"count({m}) AS {m}" for m in KNOWN_METRICS)
+    run = literal(run_id)
+    return f"""
+SELECT r.status, r.world_size, epoch(r.first_seen) AS first_seen, epoch(r.last_seen) AS last_seen,
+    s.first_step, s.last_step, s.ranks, {", ".join(f"s.{m}" for m in KNOWN_METRICS)},
+    (SELECT list(DISTINCT k ORDER BY k) FROM (SELECT unnest(map_keys(extra)) AS k FROM steps WHERE run_id = {run}))
+        AS custom
+FROM runs r, (
+    SELECT min(step) AS first_step, max(step) AS last_step, list(DISTINCT rank ORDER BY rank) AS ranks, {counts}
+    FROM steps WHERE run_id = {run}
+) s
+WHERE r.run_id = {run}"""
+
+
+def buckets(where: str, key: str, metric: str, lo: int | None, hi: int | None, n: int) -> str:
+    """Min/max buckets of ``metric`` over steps ``lo..hi`` (all when ``None``), one series per ``key`` column.
+
+    Each row is ``key, bucket, step_of_min, min, step_of_max, max, time_of_min, time_of_max`` (times
+    in Unix seconds, for the wall time shown beside a step); ``n`` buckets span the steps
+    present in the range, so a zoomed-in range gets the same number of points, finer.
+    """
+    bounds = "".join(f" AND step {op} {int(v)}" for op, v in ((">=", lo), ("<=", hi)) if v is not None)
+    return f"""
+WITH f AS (
+    SELECT {key} AS key, step, epoch(time) AS t, v FROM (SELECT {key}, step, time, {metric_expr(metric)} AS v
+        FROM steps WHERE {where}{bounds}) WHERE v IS NOT NULL AND isfinite(v)
+), r AS (SELECT min(step) AS lo, max(step) AS hi FROM f)
+SELECT f.key, floor((f.step - r.lo) * {int(n)}.0 / (r.hi - r.lo + 1))::BIGINT AS bucket,
+    arg_min(f.step, f.v) AS s_min, min(f.v) AS v_min, arg_max(f.step, f.v) AS s_max, max(f.v) AS v_max,
+    arg_min(f.t, f.v) AS t_min, arg_max(f.t, f.v) AS t_max
+FROM f, r GROUP BY ALL ORDER BY 1, 2"""
+
+
+def points(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, list[float]]]:
+    """:func:`buckets` rows as one step-ordered series per key: ``{key: {"x": steps, "y": values, "t": times}}``."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for key, _, s_min, v_min, s_max, v_max, t_min, t_max in rows:
+        series = out.setdefault(str(key), {"x": [], "y": [], "t": []})
+        # A bucket of one step has its minimum and maximum at the same point: one point.
+        for step, value, t in sorted({(s_min, v_min, t_min), (s_max, v_max, t_max)}, key=lambda p: p[0]):
+            series["x"].append(step)
+            series["y"].append(value)
+            series["t"].append(t)
+    return out
+
+
+def bucket_count(series: int) -> int:
+    """Buckets per series so ``series`` of them fit :data:`MAX_ROWS` rows and :data:`MAX_POINTS` points each."""
+    return max(10, min(MAX_POINTS // 2, MAX_ROWS // max(1, series)))
+
+
+def run_series(run_id: str, metric: str, ranks: Sequence[int], lo: int | None, hi: int | None, n: int) -> str:
+    """One run's ``metric``, a series per rank (``ranks`` empty: every rank)."""
+    where = f"run_id = {literal(run_id)}"
+    if ranks:
+        where += f" AND rank IN ({', '.join(str(int(r)) for r in ranks)})"
+    return buckets(where, "rank", metric, lo, hi, n)
+
+
+def compare_series(run_ids: Sequence[str], metric: str, lo: int | None, hi: int | None, n: int) -> str:
+    """``metric`` of several runs (their rank 0), a series per run."""
+    where = f"rank = 0 AND run_id IN ({', '.join(literal(r) for r in run_ids)})"
+    return buckets(where, "run_id", metric, lo, hi, n)
+
+
+def episodes(run_id: str) -> str:
+    """A run's alert episodes: steps they span, severity (the highest reached), latest state and message."""
+    return f"""
+SELECT episode, detector, CASE WHEN bool_or(severity = 'page') THEN 'page' ELSE 'warn' END AS severity,
+    min(step) AS first_step, max(coalesce(last_step, step)) AS last_step,
+    arg_max(state, {_CHRONO}) AS state, arg_max(message, {_CHRONO}) AS message, min(rank) AS rank
+FROM anomalies WHERE run_id = {literal(run_id)} AND step IS NOT NULL
+GROUP BY episode, detector ORDER BY first_step"""
+
+
+def events(run_id: str, limit: int = 500) -> str:
+    """A run's events at steps (evals, fault injections...) and its checkpoints with their verification."""
+    run = literal(run_id)
+    return f"""
+SELECT * FROM (
+    SELECT kind, step, rank, CAST(fields AS VARCHAR) AS detail FROM events
+    WHERE run_id = {run} AND step IS NOT NULL AND kind NOT IN ('run_start', 'run_end')
+    UNION ALL
+    SELECT 'checkpoint', step, rank,
+        CAST(json_object('origin', origin, 'ok', ok, 'path', path) AS VARCHAR) FROM checkpoints
+    WHERE run_id = {run} AND step IS NOT NULL
+) ORDER BY step LIMIT {int(limit)}"""
+
+
+def anomalies(run_id: str | None = None, limit: int = 500) -> str:
+    """Alert updates, newest first (one run's, or every run's)."""
+    where = f"WHERE run_id = {literal(run_id)}" if run_id is not None else ""
+    return f"""
+SELECT CAST({_CHRONO} AS VARCHAR) AS time, run_id, rank, step, detector, severity, state, value, threshold, message
+FROM anomalies {where} ORDER BY {_CHRONO} DESC NULLS LAST LIMIT {int(limit)}"""

@@ -1,0 +1,199 @@
+"""trainvigil.optim: each optimizer agrees with an independent reference, and checkpoints round-trip.
+
+The references are test-only packages (the ``dev`` extra): ``lion-pytorch`` for Lion,
+``pytorch-optimizer`` for Adan and Sophia (its ``SophiaH`` given our GNB estimates as its external
+Hessian, with its ``lr``/``p``/``weight_decay`` mapped onto Sophia-G's ``rho``), and torch's own
+``Muon`` + ``AdamW`` for the Muon split. A missing package skips its test with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from collections.abc import Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from trainvigil.optim import Adan, Lion, Muon, SophiaG, gnb_loss  # noqa: E402
+
+STEPS = 100
+RTOL = 1e-5
+
+
+def _needs(module: str, package: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        importlib.util.find_spec(module) is None, reason=f"oracle {package} not installed (pip install {package})"
+    )
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(16, 8, generator=gen), torch.randint(0, 4, (16,), generator=gen)) for _ in range(n)]
+
+
+Hook = Callable[[torch.optim.Optimizer, torch.Tensor, int], None]
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, batches: list, *, before_backward: Hook | None = None) -> None:
+    for step, (x, y) in enumerate(batches):
+        logits = model(x)
+        if before_backward is not None:
+            before_backward(opt, logits, step)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(logits, y).backward()
+        opt.step()
+
+
+def _assert_close(ours: nn.Module, ref: nn.Module, rtol: float = RTOL) -> None:
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        rel = ((a - b).norm() / b.norm()).item()
+        assert rel <= rtol, f"{name}: relative difference {rel:.2e} after {STEPS} steps"
+
+
+@_needs("lion_pytorch", "lion-pytorch")
+def test_lion_matches_lion_pytorch() -> None:
+    from lion_pytorch import Lion as RefLion
+
+    ours, ref = _model(), _model()
+    kw = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
+    _train(ours, Lion(ours.parameters(), **kw), _batches(STEPS))
+    _train(ref, RefLion(ref.parameters(), **kw), _batches(STEPS))
+    _assert_close(ours, ref)
+
+
+@_needs("pytorch_optimizer", "pytorch-optimizer")
+def test_adan_matches_pytorch_optimizer() -> None:
+    from pytorch_optimizer import Adan as RefAdan
+
+    ours, ref = _model(), _model()
+    kw = {"lr": 3e-3, "betas": (0.98, 0.92, 0.99), "weight_decay": 0.02, "eps": 1e-8}
+    _train(ours, Adan(ours.parameters(), **kw), _batches(STEPS))
+    _train(ref, RefAdan(ref.parameters(), weight_decouple=True, foreach=False, **kw), _batches(STEPS))
+    _assert_close(ours, ref)
+
+
+@_needs("pytorch_optimizer", "pytorch-optimizer")
+def test_sophia_matches_pytorch_optimizer_given_the_same_gnb_estimates() -> None:
+    """SophiaH's clamp(m / h, ±p) with lr/rho, p = rho and weight_decay * rho is Sophia-G's clipped step."""
+    from pytorch_optimizer import SophiaH
+
+    lr, rho, wd, k = 1e-3, 0.04, 0.1, 5
+    ours, ref = _model(), _model()
+    ours_opt = SophiaG(ours.parameters(), lr=lr, rho=rho, weight_decay=wd, update_every=k, eps=1e-15)
+    ref_opt = SophiaH(
+        ref.parameters(),
+        lr=lr / rho,
+        betas=(0.965, 0.99),
+        p=rho,
+        weight_decay=wd * rho,
+        update_period=10**9,
+        eps=1e-15,
+        foreach=False,
+    )
+
+    def ours_hook(opt: torch.optim.Optimizer, logits: torch.Tensor, step: int) -> None:
+        assert isinstance(opt, SophiaG) and opt.hessian_due == (step % k == 0)
+        if opt.hessian_due:
+            opt.update_hessian(gnb_loss(logits, torch.Generator().manual_seed(step)), batch_size=len(logits))
+
+    hessians: list[list[torch.Tensor] | None] = []
+
+    def ref_hook(opt: torch.optim.Optimizer, logits: torch.Tensor, step: int) -> None:
+        if step % k:
+            hessians.append(None)
+            return
+        sampled = gnb_loss(logits, torch.Generator().manual_seed(step))
+        grads = torch.autograd.grad(sampled, list(ref.parameters()), retain_graph=True)
+        hessians.append([len(logits) * g * g for g in grads])
+
+    class _WithHessian:
+        """Hands SophiaH the estimate made for this step (its external-Hessian path)."""
+
+        def __init__(self, inner: SophiaH) -> None:
+            self.inner, self.calls = inner, 0
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            self.inner.zero_grad(set_to_none=set_to_none)
+
+        def step(self) -> None:
+            self.inner.step(hessian=hessians[self.calls])
+            self.calls += 1
+
+    _train(ours, ours_opt, _batches(STEPS), before_backward=ours_hook)
+    _train(ref, _WithHessian(ref_opt), _batches(STEPS), before_backward=ref_hook)  # type: ignore[arg-type]
+    _assert_close(ours, ref)
+
+
+def test_muon_is_torch_muon_on_matrices_and_adamw_on_the_rest() -> None:
+    ours, ref = _model(), _model()
+    _train(ours, Muon(ours.parameters(), lr=0.02, weight_decay=0.01, adamw_lr=1e-3), _batches(STEPS))
+    matrices = [p for p in ref.parameters() if p.ndim == 2]
+    rest = [p for p in ref.parameters() if p.ndim != 2]
+    muon = torch.optim.Muon(matrices, lr=0.02, weight_decay=0.01)
+    adamw = torch.optim.AdamW(rest, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01, foreach=True)
+
+    class _Both:
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            ref.zero_grad(set_to_none=set_to_none)
+
+        def step(self) -> None:
+            muon.step()
+            adamw.step()
+
+    _train(ref, _Both(), _batches(STEPS))  # type: ignore[arg-type]
+    _assert_close(ours, ref, rtol=0.0)
+
+
+def _sophia_hook(opt: torch.optim.Optimizer, logits: torch.Tensor, step: int) -> None:
+    if isinstance(opt, SophiaG) and opt.hessian_due:
+        opt.update_hessian(gnb_loss(logits, torch.Generator().manual_seed(step)), batch_size=len(logits))
+
+
+FACTORIES: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+    "lion": lambda p: Lion(p, lr=1e-3, weight_decay=0.1),
+    "adan": lambda p: Adan(p, lr=3e-3, weight_decay=0.02),
+    "sophia": lambda p: SophiaG(p, lr=1e-3, update_every=3),
+    "muon": lambda p: Muon(p, lr=0.02, weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_state_dict_round_trip_continues_exactly(name: str) -> None:
+    """Saved at step 50 and loaded into a fresh optimizer, training goes on bit for bit as if never stopped."""
+    batches = _batches(STEPS)
+    whole = _model()
+    _train(whole, FACTORIES[name](list(whole.parameters())), batches, before_backward=_sophia_hook)
+
+    first = _model()
+    opt = FACTORIES[name](list(first.parameters()))
+    _train(first, opt, batches[:50], before_backward=_sophia_hook)
+    saved = copy.deepcopy({"model": first.state_dict(), "optimizer": opt.state_dict()})
+    resumed = _model()
+    resumed.load_state_dict(saved["model"])
+    fresh = FACTORIES[name](list(resumed.parameters()))
+    fresh.load_state_dict(saved["optimizer"])
+
+    def shifted(o: torch.optim.Optimizer, logits: torch.Tensor, step: int) -> None:
+        _sophia_hook(o, logits, step + 50)
+
+    _train(resumed, fresh, batches[50:], before_backward=shifted)
+    for a, b in zip(resumed.parameters(), whole.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_lion_keeps_one_state_tensor_per_parameter() -> None:
+    model = _model()
+    opt = Lion(model.parameters())
+    _train(model, opt, _batches(1))
+    assert all(set(s) == {"exp_avg"} for s in opt.state.values())
+    assert len(opt.state) == len(list(model.parameters()))

@@ -1,0 +1,285 @@
+"""The web view in a real headless browser (Debian's chromium driven by Playwright) against a real
+daemon fed by real agents: runs, charts, alert episodes on the charts, live updates, escaping,
+downsampling, and ``/metrics`` checked by ``promtool``.
+
+Screenshots go to ``$VIGIL_TEST_ARTIFACTS/web`` (default ``build/test-artifacts/web``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from support import Daemon, NatsServer, wait_for
+
+import trainvigil
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts")) / "web"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+RUN, XSS, LONG = "web-run", "<script>alert(1)</script>", "long-run"
+STEPS, NAN_STEP, LONG_STEPS, SPIKE_STEP = 300, 200, 6000, 4321
+VIGIL = [sys.executable, "-m", "trainvigil.daemon.cli"]
+
+
+class Site:
+    """The daemon under test, its broker, and the agents that feed it (still open: tests log more)."""
+
+    def __init__(self, nats: NatsServer, daemon: Daemon, agents: list[trainvigil.Agent]) -> None:
+        self.nats, self.daemon, self.agents = nats, daemon, agents
+        self.base = f"http://127.0.0.1:{daemon.http_port}"
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.base + path, trust_env=False, timeout=10)
+
+
+def _loss(step: int, rank: int) -> float:
+    return 2.0 * math.exp(-step / 100) + 0.05 * math.sin(step / 7 + rank)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("web")
+    os.environ.setdefault("VIGIL_SPILL_DIR", str(root / "spill"))
+    nats = NatsServer(root / "jetstream")
+    nats.start()
+    daemon = Daemon(nats.url, root / "data")
+    agents: list[trainvigil.Agent] = []
+    try:
+        daemon.start()
+        ranks = [trainvigil.init(RUN, rank, nats.url, flush_interval=0.05) for rank in (0, 1)]
+        xss = trainvigil.init(XSS, 0, nats.url, flush_interval=0.05)
+        long = trainvigil.init(LONG, 0, nats.url, flush_interval=0.05)
+        agents = [*ranks, xss, long]
+        for step in range(STEPS):
+            for rank, agent in enumerate(ranks):
+                grad = float("nan") if (rank, step) == (0, NAN_STEP) else 1.0 + 0.1 * math.sin(step / 9)
+                agent.log(step, loss=_loss(step, rank), grad_norm=grad, lr=1e-3, step_time=0.05, my_metric=step % 40)
+            xss.log(step, loss=1.0 / (step + 1))
+        ranks[0].event("eval", step=150, accuracy=0.9)
+        for step in range(LONG_STEPS):
+            long.log(step, loss=100.0 if step == SPIKE_STEP else 1.0 + (step % 2) * 0.01)
+        assert all(agent.flush(30) for agent in agents)
+        total = 2 * STEPS + STEPS + LONG_STEPS
+        wait_for(lambda: daemon.scalar("select count(*) from steps") == total, 30, "every step committed")
+        wait_for(
+            lambda: daemon.scalar(f"select count(*) from anomalies where run_id = '{RUN}' and detector = 'non_finite'"),
+            30,
+            "the non_finite alert",
+        )
+        yield Site(nats, daemon, agents)
+    finally:
+        for agent in agents:
+            agent.close(5)
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.kill()
+        nats.stop()
+
+
+# ---- the data endpoints (no browser) -------------------------------------------------------------
+
+
+def test_a_long_run_opens_downsampled_with_its_spike_and_zooming_in_fetches_every_step(site: Site) -> None:
+    whole = site.get(f"/api/series?id={LONG}&metric=loss").json()
+    series = whole["series"]["0"]
+    assert len(series["x"]) <= 2000, "at most ~2 000 points per series"
+    assert 100.0 in series["y"] and SPIKE_STEP in series["x"], "min/max buckets keep the spike"
+    zoom = site.get(f"/api/series?id={LONG}&metric=loss&lo=1000&hi=1100").json()["series"]["0"]
+    assert zoom["x"] == list(range(1000, 1101)), "zoomed in: every step of the range"
+
+
+def test_data_requests_cannot_change_the_history(site: Site) -> None:
+    before = site.daemon.scalar("select count(*) from steps")
+    evil = quote("x'] IS NULL); DELETE FROM steps; --")
+    for path in (f"/api/series?id={RUN}&metric={evil}", f"/api/series?id={evil}&metric=loss", f"/api/run?id={evil}"):
+        assert site.get(path).status_code in (200, 400, 404), path
+    assert site.daemon.scalar("select count(*) from steps") == before
+    for bad in ("lo=x", "hi=inf", "lo=nan"):
+        assert site.get(f"/api/series?id={RUN}&metric=loss&{bad}").status_code == 400, bad
+
+
+def test_metrics_pass_promtool_check(site: Site) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus; .ci/run does)")
+    text = site.get("/metrics").text
+    assert 'vigil_events_ingested_total{kind="steps"}' in text
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+# ---- the pages in a real browser -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    tab = context.new_page()
+    tab.dialogs = []  # an alert() would mean a script got through
+    tab.errors = []
+    tab.on("dialog", lambda d: (tab.dialogs.append(d.message), d.dismiss()))
+    tab.on("pageerror", lambda e: tab.errors.append(str(e)))
+    yield tab
+    context.close()
+    assert not tab.errors, tab.errors
+
+
+def _open(page: object, site: Site, path: str) -> None:
+    page.goto(site.base + path)  # type: ignore[attr-defined]
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=10_000)  # type: ignore[attr-defined]
+
+
+def _shot(page: object, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)  # type: ignore[attr-defined]
+
+
+def test_the_runs_page_lists_every_run_and_renders_a_script_run_id_as_text(site: Site, page: object) -> None:
+    _open(page, site, "/")
+    links = page.locator("#runs tbody a")  # type: ignore[attr-defined]
+    assert sorted(links.all_text_contents()) == sorted([RUN, XSS, LONG])
+    assert page.locator("#runs script").count() == 0  # type: ignore[attr-defined]
+    _shot(page, "runs.png")
+    assert page.dialogs == []  # type: ignore[attr-defined]
+
+
+def test_the_run_page_draws_a_chart_per_metric_with_the_alert_episode_on_grad_norm(site: Site, page: object) -> None:
+    _open(page, site, "/run?id=" + quote(RUN))
+    charts = page.locator(".chart")  # type: ignore[attr-defined]
+    assert sorted(charts.evaluate_all("cs => cs.map(c => c.dataset.metric)")) == sorted(
+        ["loss", "grad_norm", "lr", "step_time", "my_metric"]
+    )
+    assert page.locator(".chart canvas").count() >= 5  # type: ignore[attr-defined]
+    band = page.locator("#chart-grad_norm .episode.sev-page")  # type: ignore[attr-defined]
+    assert band.count() == 1
+    assert "grad_norm is nan" in (band.get_attribute("title") or "")
+    assert page.locator("#anomalies tbody tr").count() >= 1  # type: ignore[attr-defined]
+    assert page.locator('#chart-loss .event[data-kind="eval"]').count() == 1  # type: ignore[attr-defined]
+    over = page.locator("#chart-grad_norm .u-over")  # type: ignore[attr-defined]
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * NAN_STEP / (STEPS - 1), box["y"] + box["height"] / 2)  # type: ignore[attr-defined]
+    tip = page.locator("#chart-grad_norm .tip")  # type: ignore[attr-defined]
+    assert tip.is_visible() and "grad_norm is nan" in tip.inner_text(), "hovering the band shows the alert"
+    legend_step = page.locator("#chart-grad_norm .u-legend .u-series").first.inner_text()  # type: ignore[attr-defined]
+    assert "·" in legend_step, f"the hovered step's wall time is shown: {legend_step!r}"
+    _shot(page, "run-with-alert.png")
+
+
+def test_a_step_logged_while_the_run_page_is_open_appears_within_2_s(site: Site, page: object) -> None:
+    _open(page, site, "/run?id=" + quote(RUN))
+    page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+    new = STEPS + 50
+    site.agents[0].log(new, loss=0.01, grad_norm=1.0)
+    assert site.agents[0].flush(10)
+    logged = time.monotonic()
+    page.wait_for_function(  # type: ignore[attr-defined]
+        f"+document.querySelector('#chart-loss').dataset.lastStep >= {new}", timeout=5000
+    )
+    assert time.monotonic() - logged < 2.0, "a live page shows a new step within 2 s"
+
+
+def test_the_run_page_of_a_script_run_id_shows_it_as_text(site: Site, page: object) -> None:
+    _open(page, site, "/run?id=" + quote(XSS))
+    assert page.locator("#run-id").text_content() == XSS  # type: ignore[attr-defined]
+    assert page.title().startswith(XSS)  # type: ignore[attr-defined]
+    assert page.locator(".chart[data-metric=loss] canvas").count() >= 1  # type: ignore[attr-defined]
+    assert page.dialogs == []  # type: ignore[attr-defined]
+
+
+def test_compare_and_alerts_pages_draw(site: Site, page: object) -> None:
+    _open(page, site, f"/compare?metric=loss&id={quote(RUN)}&id={quote(XSS)}")
+    labels = page.locator(".u-legend .u-label").all_text_contents()  # type: ignore[attr-defined]
+    assert RUN in labels and XSS in labels
+    _open(page, site, "/alerts")
+    assert "non_finite" in page.locator("#anomalies tbody").inner_text()  # type: ignore[attr-defined]
+    assert page.dialogs == []  # type: ignore[attr-defined]
+
+
+# ---- vigil plot -------------------------------------------------------------------------------------
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "a PNG file"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_vigil_plot_draws_one_panel_per_requested_metric(site: Site, tmp_path: Path) -> None:
+    sizes = {}
+    for metrics in ("loss,grad_norm", "loss,grad_norm,lr,my_metric"):
+        out = ARTIFACTS / f"plot-{metrics.count(',') + 1}.png"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        plot = subprocess.run(
+            [
+                *VIGIL,
+                "plot",
+                RUN,
+                "--metrics",
+                metrics,
+                "--ranks",
+                "0,1",
+                "--nats",
+                site.nats.url,
+                "--data-dir",
+                str(tmp_path),
+                "-o",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        panels = metrics.count(",") + 1
+        assert plot.returncode == 0, plot.stderr[-2000:]
+        assert f"({panels} panels)" in plot.stderr
+        assert out.stat().st_size > 20_000
+        sizes[panels] = _png_size(out)
+    assert sizes[4][0] == sizes[2][0] and sizes[4][1] == pytest.approx(2 * sizes[2][1], rel=0.01), "height per panel"
+
+
+def test_a_run_page_opened_before_the_first_step_draws_its_charts_when_steps_arrive(site: Site, page: object) -> None:
+    agent = trainvigil.init("fresh-run", 0, site.nats.url, flush_interval=0.05)
+    try:
+        assert agent.flush(10)  # its run_start only
+        wait_for(lambda: site.get("/api/run?id=fresh-run").status_code == 200, 30, "the run")
+        _open(page, site, "/run?id=fresh-run")
+        page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+        for step in range(5):
+            agent.log(step, loss=1.0 / (step + 1))
+        assert agent.flush(10)
+        page.wait_for_function("+document.querySelector('#chart-loss')?.dataset.lastStep === 4", timeout=5000)  # type: ignore[attr-defined]
+        assert page.locator("#ranks input[data-rank='0']").is_checked()  # type: ignore[attr-defined]
+    finally:
+        agent.close(5)
+
+
+# ---- last: it stops the module's daemon ---------------------------------------------------------------
+
+
+def test_sigterm_stops_the_daemon_promptly_with_a_live_page_open(site: Site, page: object) -> None:
+    _open(page, site, "/run?id=" + quote(RUN))
+    page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+    started = time.monotonic()
+    assert site.daemon.terminate() == 0
+    assert time.monotonic() - started < 10, "an open event stream does not hold the shutdown"
