@@ -1,6 +1,6 @@
 """The framework integrations against the real libraries: a real training process per framework (transformers'
 Trainer, Lightning, Stable-Baselines3) logs through a real nats-server into a real daemon. Each script below
-is the README's example for its framework, with the sizes a test can afford."""
+is an example script of ``examples/integrations/`` (the README's examples), with the sizes a test can afford."""
 
 from __future__ import annotations
 
@@ -13,65 +13,11 @@ from pathlib import Path
 import pytest
 from support import Daemon, NatsServer, wait_for
 
-HF = """
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-from trainvigil.integrations import TrainerCallback
-
-torch.manual_seed(0)
-config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
-model = GPT2LMHeadModel(config)
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 64
-    def __getitem__(self, i):
-        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids}
-
-args = TrainingArguments(output_dir=sys.argv[1], max_steps=20, logging_steps=5, save_steps=10, eval_strategy="steps",
-                         eval_steps=10, per_device_train_batch_size=4, report_to=[], use_cpu=True, disable_tqdm=True)
-trainer = Trainer(model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(),
-                  callbacks=[TrainerCallback(run_id="hf-gpt2")])
-trainer.train()
-"""
-
-LIGHTNING = """
-import sys, torch, lightning as L
-from trainvigil.integrations import GradNormCallback, LightningLogger
-
-class Regression(L.LightningModule):
-    def __init__(self, lr=0.01):
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = torch.nn.Linear(8, 1)
-    def training_step(self, batch, i):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.net(x), y)
-        self.log("train_loss", loss)
-        return loss
-    def validation_step(self, batch, i):
-        x, y = batch
-        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
-
-torch.manual_seed(0)
-x = torch.randn(256, 8)
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
-trainer = L.Trainer(max_epochs=2, logger=LightningLogger(run_id="pl-regression"), callbacks=[GradNormCallback()],
-                    log_every_n_steps=4, gradient_clip_val=1.0, accelerator="cpu", devices=1,
-                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=sys.argv[1])
-trainer.fit(Regression(), data, data)
-"""
-
-SB3 = """
-from stable_baselines3 import PPO
-from trainvigil.integrations import SB3Callback
-
-model = PPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, n_epochs=4, seed=0, device="cpu")
-model.learn(total_timesteps=2048, callback=SB3Callback(run_id="sb3-cartpole"))
-"""
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "integrations"
+"""The README's example scripts, run here with the sizes a test can afford."""
+HF = ["hf_trainer.py", "{tmp}", "--steps", "20", "--log-every", "5", "--save-every", "10", "--eval-every", "10"]
+LIGHTNING = ["lightning_regression.py", "{tmp}", "--epochs", "2", "--batches", "16", "--log-every", "4"]
+SB3 = ["sb3_ppo.py", "--timesteps", "2048", "--rollout", "256"]
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +34,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         server.stop()
 
 
-def _train(daemon: Daemon, script: str, tmp_path: Path) -> None:
+def _train(daemon: Daemon, command: list[str], tmp_path: Path) -> None:
     env = {**os.environ, "VIGIL_NATS_URL": daemon.nats_url, "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=240
-    )
+    script, *args = command
+    argv = [sys.executable, str(EXAMPLES / script), *(a.format(tmp=tmp_path) for a in args)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

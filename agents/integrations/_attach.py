@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trainvigil.agents._values import as_float
 from trainvigil.agents.agent import Agent, current_agent, init
 
 
@@ -43,13 +44,10 @@ class Attached:
 
 
 def numbers(values: Mapping[str, Any]) -> dict[str, float]:
-    """The entries of ``values`` that are real numbers (frameworks mix in strings and lists)."""
+    """The entries of ``values`` that are real numbers (frameworks mix in strings, lists and flags)."""
     out: dict[str, float] = {}
     for name, value in values.items():
-        if isinstance(value, bool):
-            continue
-        try:
-            out[name] = float(value)
-        except (TypeError, ValueError):
-            continue
+        number = None if isinstance(value, bool) else as_float(value)
+        if number is not None:
+            out[name] = number
     return out

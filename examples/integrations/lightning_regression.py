@@ -1,0 +1,106 @@
+"""PyTorch Lightning with trainvigil: an MLP learns a linear function; ``LightningLogger`` sends what
+the module logs (``train_loss`` as ``loss``, ``val_loss``), the hyper-parameters and checkpoints;
+``GradNormCallback`` logs the pre-clip gradient norm and the step time at every optimizer step.
+
+    vigil up &
+    python examples/integrations/lightning_regression.py out/ --epochs 2 --batches 16
+    python examples/integrations/lightning_regression.py out/ --without   # the same training without trainvigil
+
+``tests/test_integrations.py`` runs this script against a real broker and daemon, and
+``bench/integrations_overhead.py`` times it with and without the integration. The last line printed
+is the seconds ``Trainer.fit`` took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import lightning as L
+import torch
+
+
+class Regression(L.LightningModule):
+    """``features -> hidden -> 1`` (one linear layer when ``hidden`` is 0), AdamW."""
+
+    def __init__(self, features: int = 8, hidden: int = 0, lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        layers = (
+            [torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)]
+            if hidden
+            else [torch.nn.Linear(features, 1)]
+        )
+        self.net = torch.nn.Sequential(*layers)
+
+    def training_step(self, batch: Any, i: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, i: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A Lightning regression with trainvigil's logger and callback")
+    parser.add_argument("root_dir")
+    parser.add_argument("--run-id", default="pl-regression")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=16, help="batches per epoch")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--features", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=0, help="0: one linear layer")
+    parser.add_argument("--log-every", type=int, default=4)
+    parser.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: none)")
+    parser.add_argument("--without", action="store_true", help="train without trainvigil (the baseline)")
+    parser.add_argument(
+        "--init-first",
+        action="store_true",
+        help="start the agent with trainvigil.init() before training; the integration logs through it",
+    )
+    args = parser.parse_args()
+
+    kwargs: dict[str, Any] = {"logger": False}
+    agent = None
+    if not args.without:
+        import trainvigil
+        from trainvigil.integrations import GradNormCallback, LightningLogger
+
+        if args.init_first:
+            agent = trainvigil.init(run_id=args.run_id)
+            agent.flush(10)  # connected, the run's start acknowledged: start-up is over before training
+        kwargs = {"logger": LightningLogger(run_id=args.run_id), "callbacks": [GradNormCallback()]}
+
+    torch.manual_seed(0)
+    x = torch.randn(args.batches * args.batch, args.features)
+    rows = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+    data = torch.utils.data.DataLoader(rows, batch_size=args.batch)
+    held_out = torch.utils.data.DataLoader(torch.utils.data.Subset(rows, range(4 * args.batch)), batch_size=args.batch)
+    trainer = L.Trainer(
+        max_epochs=args.epochs,
+        log_every_n_steps=args.log_every,
+        gradient_clip_val=args.clip or None,
+        accelerator="auto",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=args.root_dir,
+        **kwargs,
+    )
+    began = time.perf_counter()
+    trainer.fit(Regression(args.features, args.hidden), data, held_out)
+    seconds = time.perf_counter() - began
+    if agent is not None:  # the script's own agent is the script's to close
+        agent.close()
+    print(seconds)
+
+
+if __name__ == "__main__":
+    main()
