@@ -8,7 +8,7 @@ and checkpoint digests, and ends the run with training.
 
 ``tests/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the callback. The last line printed is
-the Trainer's own ``train_runtime`` in seconds.
+the step times and the Trainer's own ``train_runtime`` (``_timing.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from _timing import StepTimes
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 
@@ -31,6 +32,16 @@ class Tokens(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         ids = torch.randint(0, self.vocab, (self.length,), generator=torch.Generator().manual_seed(i))
         return {"input_ids": ids, "labels": ids}
+
+
+class Clock(TrainerCallback):
+    """Marks the end of every optimizer step (with or without trainvigil alike)."""
+
+    def __init__(self, times: StepTimes) -> None:
+        self.times = times
+
+    def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        self.times.mark()
 
 
 def main() -> None:
@@ -53,7 +64,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    callbacks: list[TrainerCallback] = []
+    times = StepTimes()
+    callbacks: list[TrainerCallback] = [Clock(times)]
     agent = None
     if not args.without:
         import trainvigil
@@ -99,7 +111,7 @@ def main() -> None:
     out = trainer.train()
     if agent is not None:  # the script's own agent is the script's to close
         agent.close()
-    print(out.metrics["train_runtime"])
+    times.report(out.metrics["train_runtime"])
 
 
 if __name__ == "__main__":

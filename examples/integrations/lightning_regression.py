@@ -8,7 +8,7 @@ the module logs (``train_loss`` as ``loss``, ``val_loss``), the hyper-parameters
 
 ``tests/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the integration. The last line printed
-is the seconds ``Trainer.fit`` took.
+is the step times and the seconds ``Trainer.fit`` took (``_timing.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from _timing import StepTimes
 
 
 class Regression(L.LightningModule):
@@ -48,6 +49,16 @@ class Regression(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
 
 
+class Clock(L.Callback):
+    """Marks the end of every training batch (with or without trainvigil alike)."""
+
+    def __init__(self, times: StepTimes) -> None:
+        self.times = times
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.times.mark()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="A Lightning regression with trainvigil's logger and callback")
     parser.add_argument("root_dir")
@@ -67,7 +78,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    kwargs: dict[str, Any] = {"logger": False}
+    times = StepTimes()
+    kwargs: dict[str, Any] = {"logger": False, "callbacks": [Clock(times)]}
     agent = None
     if not args.without:
         import trainvigil
@@ -76,7 +88,7 @@ def main() -> None:
         if args.init_first:
             agent = trainvigil.init(run_id=args.run_id)
             agent.flush(10)  # connected, the run's start acknowledged: start-up is over before training
-        kwargs = {"logger": LightningLogger(run_id=args.run_id), "callbacks": [GradNormCallback()]}
+        kwargs = {"logger": LightningLogger(run_id=args.run_id), "callbacks": [Clock(times), GradNormCallback()]}
 
     torch.manual_seed(0)
     x = torch.randn(args.batches * args.batch, args.features)
@@ -99,7 +111,7 @@ def main() -> None:
     seconds = time.perf_counter() - began
     if agent is not None:  # the script's own agent is the script's to close
         agent.close()
-    print(seconds)
+    times.report(seconds)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ detectors read.
 
 ``tests/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the callback. The last line printed is
-the seconds ``PPO.learn`` took.
+the times of its iterations (a rollout and the update after it) and the seconds ``PPO.learn`` took
+(``_timing.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,23 @@ from __future__ import annotations
 import argparse
 import time
 
+from _timing import StepTimes
 from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+
+
+class Clock(BaseCallback):
+    """Marks the start of every rollout: the gaps are whole iterations (with or without trainvigil alike)."""
+
+    def __init__(self, times: StepTimes) -> None:
+        super().__init__()
+        self.times = times
+
+    def _on_rollout_start(self) -> None:
+        self.times.mark()
+
+    def _on_step(self) -> bool:
+        return True
 
 
 def main() -> None:
@@ -32,7 +49,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    callback = agent = None
+    times = StepTimes()
+    callbacks: list[BaseCallback] = [Clock(times)]
+    agent = None
     if not args.without:
         import trainvigil
         from trainvigil.integrations import SB3Callback
@@ -40,15 +59,15 @@ def main() -> None:
         if args.init_first:
             agent = trainvigil.init(run_id=args.run_id)
             agent.flush(10)  # connected, the run's start acknowledged: start-up is over before training
-        callback = SB3Callback(run_id=args.run_id)
+        callbacks.append(SB3Callback(run_id=args.run_id))
 
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=args.rollout, batch_size=64, n_epochs=4, seed=0, device="cpu")
     began = time.perf_counter()
-    model.learn(total_timesteps=args.timesteps, callback=callback)
+    model.learn(total_timesteps=args.timesteps, callback=CallbackList(callbacks))
     seconds = time.perf_counter() - began
     if agent is not None:  # the script's own agent is the script's to close
         agent.close()
-    print(seconds)
+    times.report(seconds)
 
 
 if __name__ == "__main__":
