@@ -70,7 +70,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=0, help="0: one linear layer")
     parser.add_argument("--log-every", type=int, default=4)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: none)")
-    parser.add_argument("--without", action="store_true", help="train without trainvigil (the baseline)")
+    parser.add_argument(
+        "--without",
+        action="store_true",
+        help="train without trainvigil, with Lightning's default logger (the baseline)",
+    )
     parser.add_argument(
         "--init-first",
         action="store_true",
@@ -79,7 +83,9 @@ def main() -> None:
     args = parser.parse_args()
 
     times = StepTimes()
-    kwargs: dict[str, Any] = {"logger": False, "callbacks": [Clock(times)]}
+    # Without trainvigil, Lightning's default logger (CSV or TensorBoard): what a user has before adding ours,
+    # and Lightning turns logged tensors into numbers only when some logger is there.
+    kwargs: dict[str, Any] = {"logger": True, "callbacks": [Clock(times)]}
     agent = None
     if not args.without:
         import trainvigil
