@@ -8,7 +8,7 @@ agent is started with ``trainvigil.init()`` and has reached the broker before tr
 its start-up is not counted (the integration logs through it, as it does in a script that starts its
 own agent). The ratio is the median over the pairs of each pair's ratio of median step times (each
 script marks its framework's step ends with the same hook in both arms:
-``examples/integrations/_timing.py``); the ratio of whole training calls (``Trainer.train``'s
+``examples/integrations/_common.py``); the ratio of whole training calls (``Trainer.train``'s
 ``train_runtime``; ``Trainer.fit`` and ``PPO.learn`` timed around the call) is printed beside it.
 Target: <= 1.01.
 
@@ -49,7 +49,7 @@ WORK = {
 
 
 def timed(framework: str, mode: str, run_id: str, tmp: Path, url: str) -> dict[str, float]:
-    """One run's step times and seconds, as the script prints them last (``examples/integrations/_timing.py``)."""
+    """One run's step times and seconds, as the script prints them last (``examples/integrations/_common.py``)."""
     env = {**os.environ, "VIGIL_NATS_URL": url, "PYTHONWARNINGS": "ignore"}
     script, *args = COMMANDS[framework]
     arm = ["--without"] if mode == "without" else ["--init-first", "--run-id", run_id]

@@ -8,7 +8,7 @@ and checkpoint digests, and ends the run with training.
 
 ``tests/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the callback. The last line printed is
-the step times and the Trainer's own ``train_runtime`` (``_timing.py``).
+the step times and the Trainer's own ``train_runtime`` (``_common.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _timing import StepTimes
+from _common import StepTimes, add_arms, own_agent
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 
@@ -47,7 +47,7 @@ class Clock(TrainerCallback):
 def main() -> None:
     parser = argparse.ArgumentParser(description="GPT-2 on random tokens with trainvigil's TrainerCallback")
     parser.add_argument("output_dir")
-    parser.add_argument("--run-id", default="hf-gpt2")
+    add_arms(parser, "hf-gpt2")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--width", type=int, default=16, help="embedding size (heads: width // 8)")
@@ -56,24 +56,14 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--save-every", type=int, default=0, help="0: no checkpoints")
     parser.add_argument("--eval-every", type=int, default=0, help="0: no evaluation")
-    parser.add_argument("--without", action="store_true", help="train without trainvigil (the baseline)")
-    parser.add_argument(
-        "--init-first",
-        action="store_true",
-        help="start the agent with trainvigil.init() before training; the callback logs through it",
-    )
     args = parser.parse_args()
 
     times = StepTimes()
     callbacks: list[TrainerCallback] = [Clock(times)]
-    agent = None
+    agent = own_agent(args)
     if not args.without:
-        import trainvigil
         from trainvigil.integrations import TrainerCallback as VigilCallback
 
-        if args.init_first:
-            agent = trainvigil.init(run_id=args.run_id)
-            agent.flush(10)  # connected, the run's start acknowledged: start-up is over before training
         callbacks.append(VigilCallback(run_id=args.run_id))
 
     torch.manual_seed(0)
@@ -109,9 +99,7 @@ def main() -> None:
         callbacks=callbacks,
     )
     out = trainer.train()
-    if agent is not None:  # the script's own agent is the script's to close
-        agent.close()
-    times.report(out.metrics["train_runtime"])
+    times.report(out.metrics["train_runtime"], agent)
 
 
 if __name__ == "__main__":

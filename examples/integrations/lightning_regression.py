@@ -8,7 +8,7 @@ the module logs (``train_loss`` as ``loss``, ``val_loss``), the hyper-parameters
 
 ``tests/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the integration. The last line printed
-is the step times and the seconds ``Trainer.fit`` took (``_timing.py``).
+is the step times and the seconds ``Trainer.fit`` took (``_common.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from _timing import StepTimes
+from _common import StepTimes, add_arms, own_agent
 
 
 class Regression(L.LightningModule):
@@ -62,7 +62,7 @@ class Clock(L.Callback):
 def main() -> None:
     parser = argparse.ArgumentParser(description="A Lightning regression with trainvigil's logger and callback")
     parser.add_argument("root_dir")
-    parser.add_argument("--run-id", default="pl-regression")
+    add_arms(parser, "pl-regression")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batches", type=int, default=16, help="batches per epoch")
     parser.add_argument("--batch", type=int, default=16)
@@ -70,30 +70,16 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=0, help="0: one linear layer")
     parser.add_argument("--log-every", type=int, default=4)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: none)")
-    parser.add_argument(
-        "--without",
-        action="store_true",
-        help="train without trainvigil, with Lightning's default logger (the baseline)",
-    )
-    parser.add_argument(
-        "--init-first",
-        action="store_true",
-        help="start the agent with trainvigil.init() before training; the integration logs through it",
-    )
     args = parser.parse_args()
 
     times = StepTimes()
     # Without trainvigil, Lightning's default logger (CSV or TensorBoard): what a user has before adding ours,
     # and Lightning turns logged tensors into numbers only when some logger is there.
     kwargs: dict[str, Any] = {"logger": True, "callbacks": [Clock(times)]}
-    agent = None
+    agent = own_agent(args)
     if not args.without:
-        import trainvigil
         from trainvigil.integrations import GradNormCallback, LightningLogger
 
-        if args.init_first:
-            agent = trainvigil.init(run_id=args.run_id)
-            agent.flush(10)  # connected, the run's start acknowledged: start-up is over before training
         kwargs = {"logger": LightningLogger(run_id=args.run_id), "callbacks": [Clock(times), GradNormCallback()]}
 
     torch.manual_seed(0)
@@ -115,9 +101,7 @@ def main() -> None:
     began = time.perf_counter()
     trainer.fit(Regression(args.features, args.hidden), data, held_out)
     seconds = time.perf_counter() - began
-    if agent is not None:  # the script's own agent is the script's to close
-        agent.close()
-    times.report(seconds)
+    times.report(seconds, agent)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ detectors read.
 ``tests/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the callback. The last line printed is
 the times of its iterations (a rollout and the update after it) and the seconds ``PPO.learn`` took
-(``_timing.py``).
+(``_common.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _timing import StepTimes
+from _common import StepTimes, add_arms, own_agent
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
@@ -38,36 +38,24 @@ class Clock(BaseCallback):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="PPO on CartPole with trainvigil's SB3Callback")
-    parser.add_argument("--run-id", default="sb3-cartpole")
+    add_arms(parser, "sb3-cartpole")
     parser.add_argument("--timesteps", type=int, default=2048)
     parser.add_argument("--rollout", type=int, default=256, help="environment steps per rollout")
-    parser.add_argument("--without", action="store_true", help="train without trainvigil (the baseline)")
-    parser.add_argument(
-        "--init-first",
-        action="store_true",
-        help="start the agent with trainvigil.init() before training; the callback logs through it",
-    )
     args = parser.parse_args()
 
     times = StepTimes()
     callbacks: list[BaseCallback] = [Clock(times)]
-    agent = None
+    agent = own_agent(args)
     if not args.without:
-        import trainvigil
         from trainvigil.integrations import SB3Callback
 
-        if args.init_first:
-            agent = trainvigil.init(run_id=args.run_id)
-            agent.flush(10)  # connected, the run's start acknowledged: start-up is over before training
         callbacks.append(SB3Callback(run_id=args.run_id))
 
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=args.rollout, batch_size=64, n_epochs=4, seed=0, device="cpu")
     began = time.perf_counter()
     model.learn(total_timesteps=args.timesteps, callback=CallbackList(callbacks))
     seconds = time.perf_counter() - began
-    if agent is not None:  # the script's own agent is the script's to close
-        agent.close()
-    times.report(seconds)
+    times.report(seconds, agent)
 
 
 if __name__ == "__main__":

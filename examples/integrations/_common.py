@@ -1,0 +1,55 @@
+"""What the integration examples share: the with/without arms, and their step times printed last as one JSON line.
+
+Each example marks the end of every framework step with the same small hook, with trainvigil or
+``--without`` it, so a comparison of the two runs reads the framework's own step time
+(``bench/integrations_overhead.py`` takes the median of the gaps: start-up, evaluation and the odd
+stall of a shared machine stay out of it). ``seconds`` is the whole training call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+
+def add_arms(parser: argparse.ArgumentParser, run_id: str) -> None:
+    """``--run-id``, and the arms a comparison runs: ``--without`` trainvigil, or its agent started ``--init-first``."""
+    parser.add_argument("--run-id", default=run_id)
+    parser.add_argument("--without", action="store_true", help="train without trainvigil (the baseline)")
+    first = "start the agent with trainvigil.init() before training; the integration logs through it"
+    parser.add_argument("--init-first", action="store_true", help=first)
+
+
+def own_agent(args: argparse.Namespace) -> Any:
+    """With ``--init-first``, the script's own agent, connected and its run's start acknowledged before
+    training (its start-up is not the training's); else ``None`` (the integration starts one itself)."""
+    if args.without or not args.init_first:
+        return None
+    import trainvigil
+
+    agent = trainvigil.init(run_id=args.run_id)
+    agent.flush(10)
+    return agent
+
+
+class StepTimes:
+    """Perf-counter marks at step ends; :meth:`report` prints their gaps' median and mean."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def mark(self) -> None:
+        self.marks.append(time.perf_counter())
+
+    def report(self, seconds: float, agent: Any = None) -> None:
+        """Close the script's own agent (an integration closes the one it started), then print the times."""
+        if agent is not None:
+            agent.close()
+        gaps = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        median = statistics.median(gaps) if gaps else float("nan")
+        mean = statistics.fmean(gaps) if gaps else float("nan")
+        print(json.dumps({"seconds": seconds, "steps": len(gaps), "median_step_ms": 1e3 * median,
+                          "mean_step_ms": 1e3 * mean}))  # fmt: skip
