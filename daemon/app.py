@@ -17,8 +17,9 @@ from trainvigil.daemon.alerts.fanout import Alerts
 from trainvigil.daemon.broker.bus import access, embedded_setup
 from trainvigil.daemon.broker.embedded import BrokerUnavailableError, port_open, speaks_nats, supervise
 from trainvigil.daemon.broker.jetstream import ensure_stream
+from trainvigil.daemon.broker.shards import answer_roll_call, check_partitioning
 from trainvigil.daemon.canary import Canaries
-from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.config import DaemonConfig, nats_servers
 from trainvigil.daemon.ingest.pipeline import Ingest
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.reads import ReadOnlyQueries
@@ -97,7 +98,7 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
     with waiting:
         try:
             await nc.connect(
-                url,
+                nats_servers(url),  # a cluster's nodes: nats-py picks one and fails over to the others
                 name="trainvigil-daemon",
                 max_reconnect_attempts=-1,
                 # nats-py annotates these as int; it takes seconds as float.
@@ -200,7 +201,13 @@ async def serve(
     stage finishes the batch in hand, commits, acks and publishes its alerts; queued webhook
     posts get ``alerts.drain_s``; everything else is cancelled (running canaries are killed and
     recorded ``aborted``).
+
+    A shard (``config.shard``) first checks that the broker partitions runs over its count, then
+    uses its own stream and consumer (:meth:`DaemonConfig.for_shard`), answers queries on its own
+    subject and the roll call, and runs no canaries.
     """
+    config = config.for_shard()
+    shard = config.shard_id
     metrics = DaemonMetrics()
     store = Store(
         config.db_path,
@@ -215,18 +222,30 @@ async def serve(
             nc = await _connect(url, config, metrics)
             try:
                 js = nc.jetstream()
-                await _with_retries(lambda: ensure_stream(js, config.stream), url, config.connect_timeout_s)
+                if shard is not None:
+                    await check_partitioning(nc, shard, url)
+                subjects = config.stream_subjects
+                await _with_retries(lambda: ensure_stream(js, config.stream, subjects), url, config.connect_timeout_s)
                 if config.http_port:
                     await tg.start(_serve_web, config, metrics, store)
-                await tg.start(serve_queries, nc, store, config, metrics)
                 alerts = Alerts(nc, config.alerts, metrics)
-                await tg.start(alerts.serve)
-                await tg.start(Canaries(nc, store, config, metrics, alerts, url).serve)
+                if shard is None:
+                    await tg.start(serve_queries, nc, store, config, metrics)
+                    await tg.start(alerts.serve)
+                    await tg.start(Canaries(nc, store, config, metrics, alerts, url).serve)
+                else:
+                    # A shard answers queries on its own subject only (``vigil sql`` gathers every
+                    # shard's, never one shard's alone) and runs no canaries (config refuses them).
+                    await tg.start(partial(serve_queries, nc, store, config, metrics, subject=shard.query_subject))
+                    await tg.start(answer_roll_call, nc, shard)
+                    await tg.start(alerts.serve)
                 ingest = Ingest(js, store, config, metrics, alerts)
                 tg.start_soon(_watch_signals, ingest)
                 log.info(
                     "ready",
                     nats_url=url,
+                    shard=str(shard) if shard else None,
+                    stream=config.stream.name,
                     data_dir=str(config.data_dir),
                     db=str(config.db_path),
                     resume_after_seq=store.last_seq,

@@ -21,6 +21,8 @@ from trainvigil.daemon.detectors import DetectorsConfig
 from trainvigil.errors import ConfigError
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, SCRIPT_FAULTS, WORKLOADS
 from trainvigil.schemas.settings import convert, env_name, from_env, set_path
+from trainvigil.schemas.shards import MAX_SHARDS, ShardId, parse_shard
+from trainvigil.schemas.subjects import STREAM_SUBJECTS
 
 _NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
@@ -46,12 +48,20 @@ def _name(key: str, value: str) -> None:
 
 
 def _nats_url(key: str, url: str) -> None:
-    try:
-        parts = urlsplit(url)
-        ok = parts.scheme in _NATS_SCHEMES and bool(parts.hostname) and parts.port != 0
-    except ValueError:  # a port that is not a number or out of range
-        ok = False
-    _require(key, url, "a NATS URL like nats://HOST:PORT (schemes: nats, tls, ws, wss)", ok)
+    """One URL, or several comma-separated (the nodes of a cluster: nats-py fails over between them)."""
+    for one in url.split(","):
+        try:
+            parts = urlsplit(one.strip())
+            ok = parts.scheme in _NATS_SCHEMES and bool(parts.hostname) and parts.port != 0
+        except ValueError:  # a port that is not a number or out of range
+            ok = False
+        rule = "a NATS URL like nats://HOST:PORT, or several comma-separated (schemes: nats, tls, ws, wss)"
+        _require(key, url, rule, ok)
+
+
+def nats_servers(url: str) -> list[str]:
+    """The broker URLs in ``nats_url`` (comma-separated: a cluster's nodes), in the order given."""
+    return [one.strip() for one in url.split(",") if one.strip()]
 
 
 _SECRET = re.compile(r"[\x21-\x7e]+")
@@ -94,6 +104,9 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             is refused before it can fill the stream for every other run.
         purge_committed: the daemon purges the messages it has committed (DuckDB is the history).
         ack_wait_s: a message delivered but not acked this long is delivered again.
+        replicas: copies of the stream the NATS cluster keeps (1-5; 3 in a 3-node cluster, so the
+            loss of one node loses nothing and stops nothing). Applied when the daemon creates the
+            stream, and raised or lowered on an existing one (nats-server moves the data).
     """
 
     name: str = "VIGIL"
@@ -105,8 +118,10 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     discard: Literal["new", "old"] = "new"
     max_msgs_per_subject: int = 100_000
     purge_committed: bool = True
+    replicas: int = 1
 
     def __post_init__(self) -> None:
+        _require("stream.replicas", self.replicas, "an integer from 1 to 5", 1 <= self.replicas <= 5)
         _name("stream.name", self.name)
         _name("stream.consumer", self.consumer)
         age_ok = math.isfinite(self.max_age_s) and self.max_age_s >= 0
@@ -330,7 +345,12 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     Attributes:
         data_dir: where ``vigil.duckdb`` (and the embedded broker's JetStream store) live.
         nats_url: the broker; empty means: use 127.0.0.1:4222 if something answers there,
-            else start the bundled ``nats-server`` on that port.
+            else start the bundled ``nats-server`` on that port. A cluster: its nodes' URLs,
+            comma-separated (the client connects to one and fails over to the others).
+        shard: ``INDEX/COUNT`` (``0/2``): this daemon owns the runs the broker maps to partition INDEX
+            of COUNT, in its own stream (``<stream.name>-INDEX``), consumer (``<stream.consumer>-INDEX``)
+            and DuckDB file; empty: one daemon owns every run (see README, "Operations: shards").
+            Needs ``nats_url`` with a broker that partitions (``vigil shards mappings COUNT``).
         embedded_port: the port of the bundled ``nats-server`` (and of the broker looked for first).
         embedded_host: the address the bundled ``nats-server`` listens on (``0.0.0.0``: every interface).
         embedded_auth: users and permissions on the bundled ``nats-server`` (``[agent, daemon, reader]``,
@@ -366,6 +386,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     data_dir: str = "vigil-data"
     nats_url: str = ""
+    shard: str = ""
     embedded_port: int = 4222
     embedded_host: str = "127.0.0.1"
     embedded_auth: Literal["auto", "on", "off"] = "auto"
@@ -398,6 +419,15 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require("data_dir", self.data_dir, "a directory path", bool(self.data_dir.strip()))
         if self.nats_url:
             _nats_url("nats_url", self.nats_url)
+        if self.shard:
+            try:
+                parse_shard(self.shard)
+            except ValueError:
+                _require("shard", self.shard, f"INDEX/COUNT like 0/2, 0 <= INDEX < COUNT <= {MAX_SHARDS}", False)
+            rule = "given with nats_url (--nats): the bundled broker does not partition runs over shards"
+            _require("shard", self.shard, rule, bool(self.nats_url))
+            rule = "left empty while canary.enabled: scheduled canaries run on an unsharded daemon only"
+            _require("shard", self.shard, rule, not self.canary.enabled)
         _port("embedded_port", self.embedded_port, lowest=1)
         _require("embedded_host", self.embedded_host, "a host name or address", bool(self.embedded_host.strip()))
         both = bool(self.embedded_tls_cert) == bool(self.embedded_tls_key)
@@ -415,6 +445,32 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def db_path(self) -> Path:
         return Path(self.data_dir) / "vigil.duckdb"
+
+    @property
+    def shard_id(self) -> ShardId | None:
+        """This daemon's shard; ``None`` when it owns every run."""
+        return parse_shard(self.shard) if self.shard else None
+
+    @property
+    def stream_subjects(self) -> list[str]:
+        """What this daemon's stream captures: every run's subjects, or its shard's partition."""
+        shard = self.shard_id
+        return shard.subjects if shard is not None else list(STREAM_SUBJECTS)
+
+    def for_shard(self) -> DaemonConfig:
+        """The configuration the daemon runs with: a shard's stream and consumer carry its index.
+
+        Each shard owns a stream of its own (so stream sequences stay contiguous per consumer, which
+        the ingest's exactly-once bookkeeping rests on) and its own durable consumer and offsets.
+        Unsharded: ``self``, unchanged.
+        """
+        shard = self.shard_id
+        if shard is None:
+            return self
+        stream = msgspec.structs.replace(
+            self.stream, name=f"{self.stream.name}-{shard.index}", consumer=f"{self.stream.consumer}-{shard.index}"
+        )
+        return msgspec.structs.replace(self, stream=stream)
 
 
 def load(

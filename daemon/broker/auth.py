@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import PREFIX, QUERY_SUBJECT, STREAM_SUBJECTS
+from trainvigil.schemas import KINDS, PREFIX, QUERY_SUBJECT, STREAM_SUBJECTS
 from trainvigil.schemas.credentials import Credentials, credentials_text, inbox_prefix, read_credentials
+from trainvigil.schemas.shards import partition_mappings
 
 ACCOUNT = "VIGIL"
 ROLES = ("agent", "daemon", "reader")
@@ -50,21 +51,33 @@ def credentials_file(directory: Path, role: str) -> Path:
     return directory / f"{role}.toml"
 
 
-def permissions(role: str, user: str) -> dict[str, Any] | None:
-    """The nats-server permissions of ``role`` (``None``: everything, the daemon's)."""
+def permissions(role: str, user: str, *, sharded: bool = False) -> dict[str, Any] | None:
+    """The nats-server permissions of ``role`` (``None``: everything, the daemon's).
+
+    ``sharded``: the account maps runs to shards. nats-server checks a publish against the subject
+    after mapping too, so an agent then also needs the partitioned subjects (``vigil.v1.<P>.<run>.<kind>``).
+    """
     inbox = f"{inbox_prefix(user)}.>"
     if role == "agent":
-        publish = {"allow": list(STREAM_SUBJECTS), "deny": [f"{PREFIX}.alerts.>", f"{PREFIX}.ctl.>"]}
+        allow = [*STREAM_SUBJECTS, *(f"{PREFIX}.*.*.{kind}" for kind in KINDS if sharded)]
+        publish = {"allow": allow, "deny": [f"{PREFIX}.alerts.>", f"{PREFIX}.ctl.>"]}
         return {"publish": publish, "subscribe": {"allow": [inbox]}}
     if role == "reader":
-        return {"publish": {"allow": [QUERY_SUBJECT]}, "subscribe": {"allow": [f"{PREFIX}.alerts.>", inbox]}}
+        # The query subject, and under it the shards' roll call and their own query subjects.
+        publish = {"allow": [QUERY_SUBJECT, f"{QUERY_SUBJECT}.>"]}
+        return {"publish": publish, "subscribe": {"allow": [f"{PREFIX}.alerts.>", inbox]}}
     if role == "daemon":
         return None
     raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
 
 
-def server_config(users: Mapping[str, Credentials], tls: tuple[Path, Path] | None = None) -> str:
+def server_config(
+    users: Mapping[str, Credentials], tls: tuple[Path, Path] | None = None, shards: int | None = None
+) -> str:
     """The nats-server configuration of these users (role → credentials), and TLS with (cert, key) when given.
+
+    ``shards``: the subject mappings that partition runs over that many daemon shards
+    (``vigil up --shard I/N``), in the account with the users (mappings are per account), else at the top.
 
     No users: no accounts either (anyone may connect, as without a configuration). Listen address,
     port and JetStream's store stay on the command line, so the embedded broker and a container
@@ -73,10 +86,12 @@ def server_config(users: Mapping[str, Credentials], tls: tuple[Path, Path] | Non
     entries = []
     for role, creds in users.items():
         entry: dict[str, Any] = {"user": creds.user, "password": creds.password}
-        if (granted := permissions(role, creds.user)) is not None:
+        if (granted := permissions(role, creds.user, sharded=shards is not None)) is not None:
             entry["permissions"] = granted
         entries.append(entry)
     config: dict[str, Any] = {"accounts": {ACCOUNT: {"jetstream": "enabled", "users": entries}}} if entries else {}
+    if shards is not None:
+        (config["accounts"][ACCOUNT] if entries else config)["mappings"] = partition_mappings(shards)
     if tls is not None:
         config["tls"] = {"cert_file": str(tls[0]), "key_file": str(tls[1]), "timeout": 5}
     header = "# Written by trainvigil (daemon/broker/auth.py) from the credentials files beside it; edits are lost.\n"
@@ -122,9 +137,11 @@ def ensure_users(directory: Path) -> dict[str, Credentials]:
     return users
 
 
-def prepare(directory: Path, tls: tuple[Path, Path] | None = None, *, users: bool = True) -> Path:
+def prepare(
+    directory: Path, tls: tuple[Path, Path] | None = None, *, users: bool = True, shards: int | None = None
+) -> Path:
     """The users of :func:`ensure_users` (unless not ``users``) and the server configuration enforcing them
-    (and TLS with (cert, key) when given); returns the configuration's path.
+    (and TLS with (cert, key) when given, and the mappings for ``shards`` daemon shards); returns its path.
 
     Raises:
         ConfigError: ``directory`` or a file in it cannot be written, or a credentials file there is unreadable.
@@ -132,7 +149,7 @@ def prepare(directory: Path, tls: tuple[Path, Path] | None = None, *, users: boo
     path = directory / SERVER_CONFIG
     try:
         _private_dir(directory)
-        write_private(path, server_config(ensure_users(directory) if users else {}, tls))
+        write_private(path, server_config(ensure_users(directory) if users else {}, tls, shards))
     except OSError as exc:
         raise ConfigError(f"cannot write the bus's users in {directory}: {exc.strerror or exc}") from None
     return path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -19,11 +20,16 @@ from trainvigil.schemas import STREAM_SUBJECTS
 log = structlog.get_logger("trainvigil.jetstream")
 
 
-async def ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamInfo:
-    """The stream with our subjects and limits, created or updated to match ``cfg``."""
+async def ensure_stream(
+    js: JetStreamContext, cfg: StreamConfig, subjects: Sequence[str] = STREAM_SUBJECTS
+) -> api.StreamInfo:
+    """The stream with ``subjects`` (every run's, or one shard's partition) and ``cfg``'s limits and
+    replicas, created or updated to match."""
+    subjects = list(subjects)
     config = api.StreamConfig(
         name=cfg.name,
-        subjects=STREAM_SUBJECTS,
+        subjects=subjects,
+        num_replicas=cfg.replicas,
         retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType.FILE,
         max_age=cfg.max_age_s,
@@ -37,11 +43,12 @@ async def ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamIn
         info = await js.stream_info(cfg.name)
     except NotFoundError:
         info = await js.add_stream(config)
-        log.info("stream_created", stream=cfg.name, subjects=STREAM_SUBJECTS)
+        log.info("stream_created", stream=cfg.name, subjects=subjects, replicas=cfg.replicas)
         return info
     current = info.config
     if (
-        sorted(current.subjects or []) != sorted(STREAM_SUBJECTS)
+        sorted(current.subjects or []) != sorted(subjects)
+        or (current.num_replicas or 1) != cfg.replicas
         or current.max_age != cfg.max_age_s
         or current.max_bytes != cfg.max_bytes
         or current.discard != config.discard
@@ -56,11 +63,14 @@ async def ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamIn
             max_bytes=cfg.max_bytes,
             discard=cfg.discard,
             max_msgs_per_subject=cfg.max_msgs_per_subject,
+            replicas=cfg.replicas,
         )
     return info
 
 
-async def restore_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamInfo:
+async def restore_stream(
+    js: JetStreamContext, cfg: StreamConfig, subjects: Sequence[str] = STREAM_SUBJECTS
+) -> api.StreamInfo:
     """The stream's info; a stream that is gone is created again at once, with an error in the log.
 
     Gone while the daemon runs means someone deleted it, or the broker lost its store. Agents may
@@ -75,7 +85,7 @@ async def restore_stream(js: JetStreamContext, cfg: StreamConfig) -> api.StreamI
             stream=cfg.name,
             note="the stream was deleted (by someone else?) or the broker lost its store; creating it again",
         )
-        return await ensure_stream(js, cfg)
+        return await ensure_stream(js, cfg, subjects)
 
 
 async def bind_consumer(js: JetStreamContext, cfg: StreamConfig, start_seq: int) -> api.ConsumerInfo:
@@ -97,6 +107,12 @@ async def bind_consumer(js: JetStreamContext, cfg: StreamConfig, start_seq: int)
         max_waiting=16,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq > 1 else api.DeliverPolicy.ALL,
         opt_start_seq=start_seq if start_seq > 1 else None,
+        # One replica even on a replicated stream: the consumer holds nothing the offset does not, and
+        # an R3 consumer takes a RAFT election each time it is recreated (seconds; on a busy node longer
+        # than a JetStream API request waits), so rewinds after a node died timed out again and again.
+        # An R1 consumer is created at once; if its node dies, the pull fails and it is recreated
+        # from the offset on a live node.
+        num_replicas=1,
     )
     info = await js.add_consumer(cfg.name, config)
     log.info("consumer_bound", consumer=cfg.consumer, start_seq=start_seq)

@@ -6,7 +6,9 @@ Exit codes: 0 success; 1 the query was refused or failed, ``vigil export`` could
 used or that another daemon holds, a port that another program holds); 3 something needed is not
 there: the daemon's packages, a broker within ``connect_timeout_s`` (or, for ``vigil push``, at all),
 or a daemon or data directory to answer a query; 4 ``vigil sql`` (``runs``, ``alerts``) printed an answer
-that a row limit or byte budget cut short (stderr says which; ``vigil export`` gets every row of a run).
+that a row limit or byte budget cut short (stderr says which; ``vigil export`` gets every row of a run);
+5 ``vigil sql`` (``runs``) across shards printed an answer without the runs of a shard that did not answer
+(stderr names it).
 Every failure is one line on stderr, ``vigil: ...``, saying what to do next.
 """
 
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from trainvigil._version import __version__
 from trainvigil.agents import verify
-from trainvigil.daemon.cli import checkpoints
+from trainvigil.daemon.cli import checkpoints, shards
 
 if TYPE_CHECKING:
     import duckdb
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from trainvigil.schemas.credentials import BusAccess
     from trainvigil.schemas.query import QueryResult
 
-EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED, EXIT_PARTIAL = 0, 1, 2, 3, 4, 5
 
 RUNS_SQL = """
 SELECT r.run_id,
@@ -69,7 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
         "answers there, else starts the bundled nats-server with JetStream storage under DATA_DIR.",
     )
     up.add_argument("--data-dir", help="where vigil.duckdb lives (default ./vigil-data, VIGIL_DATA_DIR)")
-    up.add_argument("--nats", dest="nats_url", help="broker URL (VIGIL_NATS_URL); default: embedded")
+    up.add_argument(
+        "--nats",
+        dest="nats_url",
+        help="broker URL, or a cluster's node URLs comma-separated (VIGIL_NATS_URL); default: embedded",
+    )
+    up.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="own the runs the broker partitions to shard I of N, with its own stream, consumer and data "
+        "directory (VIGIL_SHARD; needs --nats; see `vigil shards`)",
+    )
     up.add_argument(
         "--embedded-port",
         type=int,
@@ -94,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         "credentials are written once under DATA_DIR/bus",
     )
     _creds_arg(up, "the daemon's credentials file (VIGIL_NATS_CREDS); default DATA_DIR/bus/daemon.toml")
+
+    shards.add_parser(sub)
 
     sql = sub.add_parser(
         "sql",
@@ -165,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         "vigil up --auth does the same for its bundled broker under DATA_DIR/bus.",
     )
     auth.add_argument("dir", help="directory for the files (created mode 0700)")
+    auth.add_argument(
+        "--shards",
+        type=shards.shard_count,
+        metavar="N",
+        help="also partition runs over N daemon shards (the account's subject mappings; see `vigil shards`)",
+    )
     from trainvigil.daemon.cli.export import TABLES  # light: no daemon packages at import
 
     export = sub.add_parser(
@@ -239,6 +259,7 @@ def _up(args: argparse.Namespace) -> int:
         {
             "data_dir": args.data_dir,
             "nats_url": args.nats_url,
+            "shard": args.shard,
             "embedded_port": args.embedded_port,
             "http_host": args.http_host,
             "http_port": args.http_port,
@@ -347,29 +368,25 @@ def _query(args: argparse.Namespace, sql: str) -> int:
         return EXIT_USAGE
     import duckdb
 
-    from trainvigil.daemon.cli.sqlclient import query
+    from trainvigil.daemon.cli.sqlclient import QuerySource
     from trainvigil.daemon.formatting import render
 
     cfg, url, bus = _reader(args)
     try:
-        result, where = query(
-            sql,
-            nats_url=url,
-            data_dir=cfg.data_dir,
-            limit=args.limit or cfg.query_row_limit,
-            timeout=cfg.query_timeout_s + 5,
-            access=bus,
-        )
+        with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=bus) as source:
+            result = source.ask(sql, args.limit or cfg.query_row_limit)
+            from_daemon = source.from_daemon
     except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database
         raise _unreadable(exc, url, cfg) from exc
-    if where != f"daemon at {url}":  # sqlclient's answer when it read the file itself
-        print(f"vigil: no daemon answered at {url}; answered from {where}", file=sys.stderr)
+    if not from_daemon:  # sqlclient's answer when it read the file itself
+        print(f"vigil: no daemon answered at {url}; answered from {source.where}", file=sys.stderr)
     sys.stdout.write(render(result, args.format))
+    sys.stdout.flush()
+    if source.warning:  # shards missing: said even when a budget also cut the answer
+        print(f"vigil: {source.warning}", file=sys.stderr)
     if result.truncated:
-        sys.stdout.flush()
         print(_truncation(result, args.limit, cfg.query_row_limit), file=sys.stderr)
-        return EXIT_TRUNCATED
-    return EXIT_OK
+    return EXIT_PARTIAL if source.warning else EXIT_TRUNCATED if result.truncated else EXIT_OK
 
 
 def _truncation(result: QueryResult, limit: int | None, default_limit: int) -> str:
@@ -513,7 +530,7 @@ def _auth(args: argparse.Namespace) -> int:
     from trainvigil.daemon.broker.auth import ROLES, credentials_file, prepare
 
     where = Path(args.dir)
-    config = prepare(where)
+    config = prepare(where, shards=args.shards)
     files = ", ".join(f"{role}: {credentials_file(where, role)}" for role in ROLES)
     print(f"vigil: bus users in {where} ({files}); server config: {config}", file=sys.stderr)
     return EXIT_OK
@@ -572,6 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _up(args)
         if args.command == "sql":
             return _query(args, args.sql)
+        if args.command == "shards":
+            return shards.run(args)
         if args.command == "runs":
             return _query(args, RUNS_SQL)
         if args.command == "checkpoints":

@@ -13,13 +13,19 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from trainvigil.daemon.cli._shard_plan import plan as shard_plan
+from trainvigil.daemon.cli.shardsql import Gathered, merge, roll_call, shard_ids
+from trainvigil.daemon.config import nats_servers
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
 from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError
 from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
+from trainvigil.schemas.shards import ShardId
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
+DEFAULT_ROW_LIMIT = 10_000
+"""A merged answer's rows when the request names no limit (the daemon's default ``query_row_limit``)."""
 
 
 class _Connection:
@@ -51,7 +57,7 @@ async def _connect(url: str, access: BusAccess) -> _Connection | None:
     try:
         await asyncio.wait_for(
             nc.connect(
-                url,
+                nats_servers(url),
                 connect_timeout=1,
                 max_reconnect_attempts=0,
                 allow_reconnect=False,
@@ -72,8 +78,10 @@ async def _connect(url: str, access: BusAccess) -> _Connection | None:
     return conn
 
 
-async def _ask(conn: _Connection, url: str, request: QueryRequest, timeout: float) -> QueryResult | None:
-    """The daemon's answer over ``conn``, or ``None`` when no daemon listens on the query subject.
+async def _ask(
+    conn: _Connection, url: str, request: QueryRequest, timeout: float, subject: str = QUERY_SUBJECT
+) -> QueryResult | None:
+    """The daemon's answer over ``conn``, or ``None`` when no daemon listens on ``subject``.
 
     Raises:
         QueryRefusedError: the broker does not let these credentials send queries (an agent's, say).
@@ -84,7 +92,7 @@ async def _ask(conn: _Connection, url: str, request: QueryRequest, timeout: floa
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     try:
-        await nc.publish(QUERY_SUBJECT, msgspec.msgpack.encode(request), reply=inbox)
+        await nc.publish(subject, msgspec.msgpack.encode(request), reply=inbox)
         # The server answers a forbidden publish with an error before the next PONG. nats-py sends a
         # flush's PING ahead of what is still queued, so only the second PING surely follows the publish.
         for _ in range(2):
@@ -144,7 +152,12 @@ class QuerySource:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.where = ""
-        """``daemon at URL`` or the file's path, once a query was answered."""
+        """``daemon at URL``, ``N shards at URL`` or the file's path, once a query was answered."""
+        self.missing: list[str] = []
+        """Shards (``I/N``) that did not answer the last query: its answer lacks their runs."""
+        self.warning = ""
+        """What to tell the user about the last answer when it is partial (names the missing shards)."""
+        self._shards = False
         self._runner = asyncio.Runner()
         self._conn: _Connection | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -207,7 +220,13 @@ class QuerySource:
             if self._conn is None or self._conn.nc is None:
                 return None
         assert self._conn is not None and self._conn.nc is not None
-        result = self._runner.run(_ask(self._conn, self.nats_url, request, self.timeout))
+        result = None
+        if not self._shards:
+            result = self._runner.run(_ask(self._conn, self.nats_url, request, self.timeout))
+        if result is None and (first or self._shards):
+            # No unsharded daemon: sharded ones answer on their own subjects (see shardsql).
+            result = self._runner.run(self._ask_shards(self._conn, request))
+            self._shards = result is not None
         if result is None and first:
             self._runner.run(self._conn.nc.close())
             self._conn = None
@@ -215,9 +234,44 @@ class QuerySource:
             raise DaemonUnavailableError(
                 f"the daemon at {self.nats_url} stopped answering; start it again (`vigil up`) and retry"
             )
-        else:
+        elif not self._shards:
             self.where = f"daemon at {self.nats_url}"
         return result
+
+    async def _ask_shards(self, conn: _Connection, request: QueryRequest) -> QueryResult | None:
+        """Every shard's part of ``request``, merged; ``None`` when no sharded daemon answers the roll call.
+
+        Sets :attr:`missing` and :attr:`warning` when a shard is down or does not answer in time.
+        """
+        nc = conn.nc
+        assert nc is not None
+        called = await roll_call(nc)
+        if called is None:
+            return None
+        count, present = called
+        plan = shard_plan(request.sql)
+        limit = request.limit if plan.shard_limit_follows_user else None
+        part = QueryRequest(sql=plan.shard_sql, limit=limit, max_bytes=request.max_bytes)
+        gathered = Gathered(count, missing={i: "down (no answer to the roll call)" for i in range(count)})
+
+        async def one(shard: ShardId) -> None:
+            try:
+                answer = await _ask(conn, self.nats_url, part, self.timeout, subject=shard.query_subject)
+            except QueryError as exc:  # its deadline passed
+                gathered.missing[shard.index] = str(exc)
+                return
+            if answer is None:
+                gathered.missing[shard.index] = "stopped answering"
+                return
+            gathered.answers[shard.index] = answer
+            gathered.missing.pop(shard.index, None)
+
+        await asyncio.gather(*(one(s) for s in shard_ids(count, present)))
+        self.missing, self.warning = gathered.missing_names(), gathered.warning() if gathered.missing else ""
+        if not gathered.answers:
+            raise DaemonUnavailableError(f"no shard answered at {self.nats_url}: {gathered.warning()}")
+        self.where = f"{len(gathered.answers)} of {count} shards at {self.nats_url}"
+        return merge(plan, gathered, request.limit or DEFAULT_ROW_LIMIT, self.timeout, request.max_bytes)
 
 
 def query(

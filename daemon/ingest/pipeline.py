@@ -342,7 +342,7 @@ class Ingest:
     async def _bind(self, seq: Sequencer) -> None:
         cfg = self.config
         await self._unbind()
-        info = await restore_stream(self.js, cfg.stream)
+        info = await restore_stream(self.js, cfg.stream, cfg.stream_subjects)
         self._check_same_stream(seq.next_seq, info.state.last_seq, info.created)
         await bind_consumer(self.js, cfg.stream, seq.next_seq)
         puller = Puller(

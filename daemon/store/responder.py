@@ -36,13 +36,15 @@ async def serve_queries(
     config: DaemonConfig,
     metrics: DaemonMetrics,
     *,
+    subject: str = QUERY_SUBJECT,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve queries, up to ``config.query_concurrency`` at once, until cancelled (the writer keeps writing).
 
+    ``subject``: where requests come (a shard answers on its own, ``ShardId.query_subject``).
     On cancellation the queries in flight are interrupted, so shutdown does not wait for them.
     """
-    sub = await nc.subscribe(QUERY_SUBJECT, queue="vigil-query")
+    sub = await nc.subscribe(subject, queue="vigil-query")
     slots = anyio.Semaphore(config.query_concurrency)
     reads = ReadOnlyQueries(store, config)
     task_status.started()

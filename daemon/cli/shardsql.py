@@ -1,0 +1,154 @@
+"""``vigil sql`` across shards: the roll call that finds them, and the merge of their answers.
+
+The client never needs the shard count: every sharded daemon answers the roll call
+(``vigil.v1.ctl.sql.shards``) with its ``INDEX/COUNT``, so one answer is enough to know which
+shards should be there, and a shard that is down is *named*, never silently missing. Each shard is
+asked its part of the query (:mod:`._shard_plan`) on its own subject, all at once, under one
+deadline; the answers are loaded into an in-memory DuckDB and the merge query runs there with the
+same budgets (rows, bytes, time) as a daemon's query.
+
+A partial answer (a shard missing) is still printed, with a warning naming the missing shards on
+stderr, and ``vigil sql`` exits with ``EXIT_PARTIAL`` (5) so a script never takes a partial count
+for the total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import duckdb
+import msgspec
+import nats.errors
+import pyarrow as pa
+from nats.aio.client import Client as NATS
+
+from trainvigil.daemon.cli._shard_plan import PARTIALS, ShardPlan
+from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, run_query
+from trainvigil.errors import QueryError, QueryRefusedError
+from trainvigil.schemas.query import QueryResult
+from trainvigil.schemas.shards import SHARDS_SUBJECT, ShardId
+
+ROLL_CALL_S = 1.0
+"""How long the roll call waits for shards that have not answered yet (one answer tells how many there are)."""
+
+_roll_decoder = msgspec.msgpack.Decoder(tuple[int, int])
+
+
+@dataclass(slots=True)
+class Gathered:
+    """The shards' answers to one query, and the shards that did not give one (with why)."""
+
+    count: int
+    answers: dict[int, QueryResult] = field(default_factory=dict)
+    missing: dict[int, str] = field(default_factory=dict)
+
+    def missing_names(self) -> list[str]:
+        return [f"{i}/{self.count}" for i in sorted(self.missing)]
+
+    def warning(self) -> str:
+        """One line for stderr: which shards are missing and why, so the answer is read as partial."""
+        why = "; ".join(f"shard {i}/{self.count}: {self.missing[i]}" for i in sorted(self.missing))
+        return (
+            f"partial answer: {len(self.missing)} of {self.count} shards did not answer ({why}); "
+            f"the rows of the runs they hold are missing"
+        )
+
+
+async def roll_call(nc: NATS, wait_s: float = ROLL_CALL_S) -> tuple[int, set[int]] | None:
+    """The shard count and the indexes that answered; ``None`` when no sharded daemon listens.
+
+    Raises:
+        QueryError: shards disagree about their count (daemons of two deployments on one broker).
+    """
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    seen: dict[int, int] = {}
+    try:
+        await nc.publish(SHARDS_SUBJECT, b"", reply=inbox)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not seen or len(seen) < max(seen.values()):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                msg = await sub.next_msg(timeout=left)
+            except nats.errors.TimeoutError:
+                break
+            if msg.headers and msg.headers.get("Status") == "503":
+                return None  # nobody subscribed: no shards
+            with contextlib.suppress(msgspec.MsgspecError):
+                index, count = _roll_decoder.decode(msg.data)
+                seen[index] = count
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    if not seen:
+        return None
+    counts = set(seen.values())
+    if len(counts) > 1:
+        raise QueryError(
+            f"the shards on this broker disagree about their count ({sorted(counts)}): "
+            "restart them with one --shard I/N count, or give each deployment its own broker"
+        )
+    return counts.pop(), set(seen)
+
+
+def _partials_table(results: list[QueryResult]) -> pa.Table:
+    """The shards' answers as one Arrow table (columns by name; values as the wire carried them)."""
+    first = results[0]
+    if len(set(first.columns)) != len(first.columns):
+        raise QueryError(f"across shards an answer's columns need distinct names, not {first.columns}; alias them")
+    rows = [row for r in results for row in r.rows]
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in first.columns]
+    arrays = []
+    for values in columns:
+        try:
+            arrays.append(pa.array(list(values)))
+        except (pa.ArrowException, TypeError, ValueError):  # mixed values: DuckDB casts the text back
+            arrays.append(pa.array([None if v is None else str(v) for v in values], type=pa.string()))
+    return pa.table(arrays, names=[f"c{i}" for i in range(len(first.columns))])
+
+
+def merge(plan: ShardPlan, gathered: Gathered, limit: int, timeout: float, max_bytes: int | None = None) -> QueryResult:
+    """The answer: ``plan.merge_sql`` over the shards' answers, within the same row/byte/time budgets.
+
+    Raises:
+        QueryError: a shard's answer was an error (named), or the merge query failed.
+    """
+    for index, answer in sorted(gathered.answers.items()):
+        if answer.refused:
+            raise QueryRefusedError(f"shard {index}/{gathered.count}: {answer.error}")
+        if answer.error:
+            raise QueryError(f"shard {index}/{gathered.count}: {answer.error}")
+    results = [gathered.answers[i] for i in sorted(gathered.answers)]
+    first = results[0]
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("wire", _partials_table(results))
+        # Typed as the shards' DuckDB typed them, so the merge computes as they would have.
+        casts = ", ".join(
+            f'CAST(c{i} AS {t}) AS "{name.replace(chr(34), chr(34) * 2)}"'
+            for i, (name, t) in enumerate(zip(first.columns, first.types, strict=True))
+        )
+        con.execute(f"CREATE TABLE {PARTIALS} AS SELECT {casts} FROM wire")
+        con.unregister("wire")
+        merged = run_query(con, plan.merge_sql, limit, timeout, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+    finally:
+        con.close()
+    cut = [(i, r) for i, r in sorted(gathered.answers.items()) if r.truncated]
+    if cut and not merged.truncated:
+        index, shard_answer = cut[0]
+        note = (
+            f"shard {index}/{gathered.count}'s part was cut ({shard_answer.note or 'truncated'}), so the merged "
+            "answer may miss rows; narrow the query (WHERE, fewer groups)"
+        )
+        merged = msgspec.structs.replace(merged, truncated=True, truncated_by=shard_answer.truncated_by, note=note)
+    return merged
+
+
+def shard_ids(count: int, indexes: set[int]) -> list[ShardId]:
+    """The shards to ask: those that answered the roll call."""
+    return [ShardId(i, count) for i in sorted(indexes)]
