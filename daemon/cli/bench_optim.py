@@ -70,6 +70,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--steps", type=int, help="steps of every workload (default: each workload's own)")
     p.add_argument("--unstable-factor", type=float, default=10.0, help="LR multiple of the stability run (10)")
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the workloads train: cpu, cuda or cuda:N (peak memory is then CUDA's; rl runs on the CPU only)",
+    )
+    p.add_argument(
         "--no-trace-memory",
         dest="trace_memory",
         action="store_false",
@@ -87,6 +92,7 @@ class Plan:
     seeds: int
     steps: dict[str, int]
     factor: float
+    device: str = "cpu"
     agent: dict[str, Any] = field(default_factory=dict)
 
 
@@ -111,7 +117,7 @@ def plan(args: argparse.Namespace) -> Plan:
     workloads = args.workload or list(WORKLOAD_NAMES)
     steps = {w: args.steps or (QUICK_STEPS if args.quick else STEPS)[w] for w in workloads}
     seeds = args.seeds or (QUICK_SEEDS if args.quick else SEEDS)
-    return Plan(chosen, workloads, seeds, steps, args.unstable_factor)
+    return Plan(chosen, workloads, seeds, steps, args.unstable_factor, args.device)
 
 
 def _say(text: str) -> None:
@@ -196,8 +202,10 @@ def execute(p: Plan, ask: Ask) -> tuple[list[OptimResult], dict[tuple[str, str],
     for workload in p.workloads:
         for seed in range(p.seeds):
             for spec in p.specs:
-                main = train(spec, workload, seed, p.steps[workload], agent_options=p.agent)
-                twin = train(spec, workload, seed, p.steps[workload], lr_factor=p.factor, agent_options=p.agent)
+                main = train(spec, workload, seed, p.steps[workload], agent_options=p.agent, device=p.device)
+                twin = train(
+                    spec, workload, seed, p.steps[workload], lr_factor=p.factor, agent_options=p.agent, device=p.device
+                )
                 done.append((spec, workload, seed, main, twin))
                 curves.setdefault((workload, spec.name), []).append(main.losses)
                 last = f"{main.losses[-1]:.4g}" if main.losses else "none"
@@ -229,12 +237,16 @@ def run(args: argparse.Namespace) -> int:
     from trainvigil.daemon.formatting import render
     from trainvigil.errors import ConfigError, QueryError
     from trainvigil.optim.bench.specs import BASELINE, SpecError
+    from trainvigil.optim.bench.workloads import check_device
     from trainvigil.schemas.query import QueryRequest
 
     try:
         the_plan = plan(args)
+        check_device(the_plan.device, the_plan.workloads)
     except SpecError as error:
         raise ConfigError(str(error), key="optim") from None
+    except ValueError as error:  # check_device's
+        raise ConfigError(str(error), key="device") from None
     if args.trace_memory:
         import tracemalloc
 

@@ -38,10 +38,43 @@ def zeros(p: Tensor) -> Tensor:
     return torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
+def _plain_cpu(tensors: list[Tensor]) -> bool:
+    """Float32 tensors on the CPU, where a scalar is better passed as a 0-d tensor (see :func:`scale_`)."""
+    return tensors[0].device.type == "cpu" and all(t.dtype is torch.float32 for t in tensors)
+
+
+def scale_(tensors: list[Tensor], factor: float) -> None:
+    """``t *= factor`` for each tensor, bit for bit as ``torch._foreach_mul_(tensors, factor)``.
+
+    On the CPU, ``_foreach_*`` loops over the tensors, and a Python scalar is wrapped into a fresh
+    0-d tensor for every one of them: on 200 small tensors that is 3-4x the cost of the product. One
+    0-d float32 tensor made here is the same operand (the kernel computes in float32 either way) at
+    the cost of one allocation. Other dtypes and devices take the scalar, as before.
+    """
+    if tensors:
+        torch._foreach_mul_(tensors, torch.tensor(factor) if _plain_cpu(tensors) else factor)
+
+
+def _addend(tensors: list[Tensor], value: float) -> float | list[Tensor]:
+    # _foreach_add's tensor-list form takes 0-d operands as they are (why: scale_).
+    return [torch.tensor(value)] * len(tensors) if _plain_cpu(tensors) else value
+
+
+def shift_(tensors: list[Tensor], value: float) -> None:
+    """``t += value`` for each tensor, bit for bit as ``torch._foreach_add_(tensors, value)`` (why: :func:`scale_`)."""
+    if tensors:
+        torch._foreach_add_(tensors, _addend(tensors, value))
+
+
+def shifted(tensors: list[Tensor], value: float) -> list[Tensor]:
+    """``t + value`` for each tensor, as new tensors (:func:`shift_` out of place)."""
+    return list(torch._foreach_add(tensors, _addend(tensors, value))) if tensors else []
+
+
 def decay(params: list[Tensor], lr: float, weight_decay: float) -> None:
     """Decoupled weight decay (AdamW's): ``p *= 1 - lr * weight_decay``, apart from the gradient."""
     if weight_decay:
-        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+        scale_(params, 1.0 - lr * weight_decay)
 
 
 def check(lr: float, betas: Sequence[float], weight_decay: float) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._groups import GroupwiseOptimizer, check, decay, gather, zeros
+from ._groups import GroupwiseOptimizer, check, decay, gather, scale_, shift_, zeros
 
 _KEYS = ("exp_avg", "exp_avg_diff", "exp_avg_sq", "prev_grad")
 
@@ -61,21 +61,24 @@ class Adan(GroupwiseOptimizer):
         group["step"] = t = group.get("step", 0) + 1
         beta1, beta2, beta3 = group["betas"]
         lr = group["lr"]
-        # Each line is one pass over the group's memory (the step is memory-bound, so passes count),
-        # in place but for the denominator: allocating a fresh buffer per step costs more than a pass.
-        torch._foreach_sub_(prev, grads)  # prev = -d
+        # No tensor is allocated: on the CPU a fresh parameter-sized buffer costs several passes (the
+        # allocator hands large blocks back to the OS, so each step pays their page faults again).
+        # prev_grad is the one scratch buffer: -d, d, u / (1 + beta2), the denominator, and at the
+        # end this step's gradient again. Scalars go through scale_/shift_ (a Python scalar costs a
+        # wrapped tensor per parameter on the CPU).
+        torch._foreach_sub_(prev, grads)
+        torch._foreach_neg_(prev)  # d = g - g_prev
+        torch._foreach_lerp_(v, prev, 1.0 - beta2)
+        torch._foreach_lerp_(prev, grads, 1.0 / (1.0 + beta2))  # (beta2 d + g) / (1 + beta2) = u / (1 + beta2)
+        scale_(n, beta3)
+        torch._foreach_addcmul_(n, prev, prev, value=(1.0 - beta3) * (1.0 + beta2) ** 2)
         torch._foreach_lerp_(m, grads, 1.0 - beta1)
-        torch._foreach_mul_(v, beta2)
-        torch._foreach_add_(v, prev, alpha=beta2 - 1.0)
-        torch._foreach_mul_(prev, -beta2)
-        torch._foreach_add_(prev, grads)  # prev = u = g + beta2 * d
-        torch._foreach_mul_(n, beta3)
-        torch._foreach_addcmul_(n, prev, prev, value=1.0 - beta3)
         # sqrt(n / bc3) + eps = (sqrt(n) + eps * s) / s with s = sqrt(bc3): the 1/s moves into the step sizes.
         s = math.sqrt(1.0 - beta3**t)
-        denom = torch._foreach_sqrt(n)
-        torch._foreach_add_(denom, group["eps"] * s)
+        torch._foreach_copy_(prev, n)
+        torch._foreach_sqrt_(prev)
+        shift_(prev, group["eps"] * s)
         decay(params, lr, group["weight_decay"])
-        torch._foreach_addcdiv_(params, m, denom, value=-lr * s / (1.0 - beta1**t))
-        torch._foreach_addcdiv_(params, v, denom, value=-lr * beta2 * s / (1.0 - beta2**t))
+        torch._foreach_addcdiv_(params, m, prev, value=-lr * s / (1.0 - beta1**t))
+        torch._foreach_addcdiv_(params, v, prev, value=-lr * beta2 * s / (1.0 - beta2**t))
         torch._foreach_copy_(prev, grads)

@@ -1,12 +1,13 @@
-"""Muon as its authors use it: ``torch.optim.Muon`` on the 2-D weights, AdamW on everything else.
+"""Muon as its authors use it: Newton-Schulz orthogonalised momentum on the 2-D weights, AdamW on everything else.
 
 Muon orthogonalises each matrix's momentum by a Newton-Schulz iteration, which only means
-something for a 2-D weight; biases, norms' gains and embeddings-as-vectors take AdamW. torch
-ships Muon (``torch.optim.Muon``, 2.9 and later), so this is only the split: one optimizer whose
-``param_groups`` are the two inner optimizers' groups (an LR schedule that sets ``group["lr"]``
-reaches both) and whose ``state`` they share, so ``state_dict()`` round-trips like any optimizer's.
-The Newton-Schulz iteration is per matrix (shapes differ): torch loops over the 2-D weights;
-AdamW runs with ``foreach=True``.
+something for a 2-D weight; biases, norms' gains and embeddings-as-vectors take AdamW. The matrix
+part is ``torch.optim.Muon``'s arithmetic (group keys, ``momentum_buffer`` state, bfloat16
+iteration, per-matrix LR adjustment) with equally shaped matrices batched into one tensor
+(:mod:`._newton_schulz`: torch's loops over matrices and spends a model of many small weights in
+dispatch); the rest is ``torch.optim.AdamW`` itself (fused where torch has the kernel). One optimizer: its
+``param_groups`` are the Muon group and AdamW's (an LR schedule that sets ``group["lr"]`` reaches
+both) and AdamW shares its ``state``, so ``state_dict()`` round-trips like any optimizer's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._groups import run_closure
+from ._groups import check, run_closure
+from ._newton_schulz import ADJUST_LR_FNS, EPS, NS_COEFFICIENTS, NS_STEPS, muon_update
 
 
 class Muon(torch.optim.Optimizer):
@@ -43,34 +45,33 @@ class Muon(torch.optim.Optimizer):
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adjust_lr_fn: str | None = None,
     ) -> None:
-        params = [p for p in params if p.requires_grad]
-        if any(isinstance(p, dict) for p in params):
+        given = list(params)
+        if any(isinstance(p, dict) for p in given):
             raise TypeError("Muon takes parameters, not param groups: it splits them into 2-D and the rest itself")
+        check(lr, (momentum, *adamw_betas), weight_decay)
+        if adjust_lr_fn not in ADJUST_LR_FNS:
+            raise ValueError(f"adjust_lr_fn must be one of {ADJUST_LR_FNS}, got {adjust_lr_fn!r}")
+        params = [p for p in given if p.requires_grad]
         matrices = [p for p in params if p.ndim == 2]
         rest = [p for p in params if p.ndim != 2]
-        self._parts: list[torch.optim.Optimizer] = []
+        groups: list[dict[str, Any]] = []
         if matrices:
-            self._parts.append(
-                torch.optim.Muon(
-                    matrices, lr=lr, momentum=momentum, weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn
-                )
-            )
+            groups.append({
+                "params": matrices, "lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": True,
+                "ns_coefficients": NS_COEFFICIENTS, "eps": EPS, "ns_steps": NS_STEPS, "adjust_lr_fn": adjust_lr_fn,
+            })  # fmt: skip
+        self._adamw: torch.optim.Optimizer | None = None
         if rest:
-            self._parts.append(
-                torch.optim.AdamW(rest, lr=adamw_lr, betas=adamw_betas, weight_decay=weight_decay, foreach=True)
-            )
-        groups = [g for part in self._parts for g in part.param_groups]
+            self._adamw = _adamw(rest, lr=adamw_lr, betas=adamw_betas, weight_decay=weight_decay)
+            groups += self._adamw.param_groups
         super().__init__(groups, {})
         self._link()
 
     def _link(self) -> None:
-        """The inner optimizers use this one's group dicts and state (after init and after a load)."""
-        at = 0
-        for part in self._parts:
-            n = len(part.param_groups)
-            part.param_groups = self.param_groups[at : at + n]
-            part.state = self.state
-            at += n
+        """The inner AdamW uses this one's last group dict and its state (after init and after a load)."""
+        if self._adamw is not None:
+            self._adamw.param_groups = self.param_groups[-1:]
+            self._adamw.state = self.state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -79,6 +80,21 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         loss = run_closure(closure)
-        for part in self._parts:
-            part.step()
+        for group in self.param_groups:
+            if "ns_steps" in group:  # the Muon group (AdamW's have no such key)
+                muon_update(group, self.state)
+        if self._adamw is not None:
+            self._adamw.step()
         return loss
+
+
+def _adamw(params: list[Tensor], **hyper: Any) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` with ``fused=True`` where torch has the kernel (CUDA; the CPU since 2.4), else ``foreach``.
+
+    Fused is one kernel per tensor where foreach makes about ten passes, each a loop over the
+    tensors on the CPU: on 100 biases of 32 it is 0.3 ms a step against 1 ms, a third of Muon's step.
+    """
+    try:
+        return torch.optim.AdamW(params, fused=True, **hyper)
+    except RuntimeError:  # "fused=True requires ... supported devices": the foreach form is the same AdamW
+        return torch.optim.AdamW(params, foreach=True, **hyper)

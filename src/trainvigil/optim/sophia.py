@@ -34,22 +34,29 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ._groups import GroupwiseOptimizer, check, decay, gather, zeros
+from ._groups import GroupwiseOptimizer, check, decay, gather, shifted, zeros
 
 _KEYS = ("exp_avg", "hessian")
+
+
+def _drawn_on(generator: torch.Generator | None, tensor: Tensor) -> torch.device:
+    # A generator draws on its own device (a CPU one beside a CUDA model keeps draws device-independent).
+    return tensor.device if generator is None else generator.device
 
 
 def gnb_loss(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Cross-entropy of ``logits`` ``[..., classes]`` against labels sampled from their own softmax (mean)."""
     flat = logits.reshape(-1, logits.shape[-1])
-    sampled = torch.multinomial(torch.softmax(flat.detach().float(), -1), 1, generator=generator).squeeze(-1)
-    return F.cross_entropy(flat, sampled)
+    probs = torch.softmax(flat.detach().float(), -1).to(_drawn_on(generator, flat))
+    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return F.cross_entropy(flat, sampled.to(flat.device))
 
 
 def gnb_gaussian_loss(prediction: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Half the squared error of ``prediction`` against targets drawn from ``N(prediction, 1)`` (mean)."""
-    noise = torch.randn(prediction.shape, generator=generator, dtype=prediction.dtype, device=prediction.device)
-    return 0.5 * (prediction - (prediction.detach() + noise)).pow(2).mean()
+    on = _drawn_on(generator, prediction)
+    noise = torch.randn(prediction.shape, generator=generator, dtype=prediction.dtype, device=on)
+    return 0.5 * (prediction - (prediction.detach() + noise.to(prediction.device))).pow(2).mean()
 
 
 class SophiaG(GroupwiseOptimizer):
@@ -128,13 +135,16 @@ class SophiaG(GroupwiseOptimizer):
         params, grads, (m, h) = gather(group, self.state, _KEYS, self._init)
         if not params:
             return
-        lr = group["lr"]
+        lr, rho = group["lr"], group["rho"]
         torch._foreach_lerp_(m, grads, 1.0 - group["betas"][0])
         decay(params, lr, group["weight_decay"])
-        # sign(m) * min(|m| / d, 1) is m / d clamped to [-1, 1]: two fewer passes than the literal form.
-        denom = torch._foreach_mul(h, group["rho"])
-        torch._foreach_add_(denom, group["eps"])
-        ratio = torch._foreach_div(m, denom)
-        torch._foreach_clamp_min_(ratio, -1.0)
-        torch._foreach_clamp_max_(ratio, 1.0)
-        torch._foreach_add_(params, ratio, alpha=-lr)
+        # sign(m) * min(|m| / (rho h + eps), 1) is m / (rho h + eps) clamped to [-1, 1], and that is
+        # m / (h + eps / rho) clamped to [-rho, rho], over rho: the rho moves into the step size and
+        # the denominator takes one pass. The denominator is the step's only new buffer (on the CPU a
+        # parameter-sized allocation costs more than a pass); the ratio is made in it, in place.
+        ratio = shifted(h, group["eps"] / rho)
+        torch._foreach_reciprocal_(ratio)
+        torch._foreach_mul_(ratio, m)
+        torch._foreach_clamp_min_(ratio, -rho)
+        torch._foreach_clamp_max_(ratio, rho)
+        torch._foreach_add_(params, ratio, alpha=-lr / rho)

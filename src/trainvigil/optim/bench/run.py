@@ -5,19 +5,16 @@ whatever the detectors make of it land in the daemon's history. Every run uses t
 (linear warm-up over the first 10% of steps, then a cosine down to a tenth, scaling each param
 group's own peak LR), the workload's gradient clipping, and the seed's data order.
 
-Measured here: each step's wall time, the optimizer's state bytes, and peak memory: how far
-tracemalloc's traced memory rose above its level at the run's start over the first
-``TRACED_STEPS`` steps (optimizer state is made on the first step), when the caller started
-tracemalloc. It is never started or stopped here: doing so
-while other threads run (the agent's, a daemon's) crashes CPython before 3.12.9 (gh-128679), so
-the caller starts it once, before any thread. Step times are summarised after those steps.
+Measured here: each step's wall time, the optimizer's state bytes, and peak memory over the first
+``TRACED_STEPS`` steps (optimizer state is made on the first), above its level at the run's start,
+where the run's tensors live: CUDA's allocator peak on a GPU, tracemalloc's (if the caller started
+it) on the CPU (:mod:`.memory` says what each sees). Step times are summarised after those steps.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import tracemalloc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +24,7 @@ import torch
 import trainvigil
 from trainvigil.canary._common import warmup_cosine
 
+from .memory import PeakMeter
 from .specs import OptimizerSpec
 from .workloads import BASE_LR, WORKLOADS
 
@@ -70,40 +68,41 @@ def run(
     *,
     lr_factor: float = 1.0,
     agent_options: Mapping[str, Any] | None = None,
+    device: str = "cpu",
 ) -> RunRecord:
     """Train ``workload`` for ``steps`` with ``spec`` at ``lr_factor`` x its peak LR, logging every step.
 
     Args:
         agent_options: passed to ``trainvigil.init`` (``nats_url`` and any agent option).
+        device: where the workload's model and data live (``"cuda"``: the peak is CUDA's).
     """
-    job = WORKLOADS[workload](seed)
+    job = WORKLOADS[workload](seed, device)
     lr = spec.peak_lr(BASE_LR[workload]) * lr_factor
     optimizer = spec.build(job.parameters(), lr)
     peaks = [group["lr"] for group in optimizer.param_groups]
     record = RunRecord(run_id(spec.name, workload, seed, lr_factor), lr)
     config: dict[str, Any] = {"optimizer": spec.name, "spec": spec.target, "kwargs": spec.kwargs, "workload": workload}
     config |= {"seed": seed, "lr": lr, "steps": steps, "lr_factor": lr_factor, "max_norm": job.max_norm}
-    tracing = tracemalloc.is_tracing()
-    before = 0
+    config["device"] = device
+    meter = PeakMeter(torch.device(device))
     with trainvigil.init(run_id=record.run_id, config=config, **dict(agent_options or {})) as vigil:
         for step in range(steps):
             factor = warmup_cosine(step, steps, warmup=max(1, int(steps * WARMUP_SHARE)), peak=1.0, floor=FLOOR)
             for group, peak in zip(optimizer.param_groups, peaks, strict=True):
                 group["lr"] = peak * factor
-            if step == 0 and tracing:
-                tracemalloc.reset_peak()
-                before = tracemalloc.get_traced_memory()[0]
+            if step == 0:
+                meter.start()
             started = time.perf_counter()
             loss, metrics = job.step(optimizer)
             elapsed = time.perf_counter() - started
-            if step + 1 == TRACED_STEPS and tracing:
-                record.peak_bytes = tracemalloc.get_traced_memory()[1] - before
+            if step + 1 == TRACED_STEPS:
+                record.peak_bytes = meter.read()
             record.step_times.append(elapsed)
             vigil.log(step, loss=loss, lr=lr * factor, step_time=elapsed, **metrics)
             if not math.isfinite(loss):
                 break  # diverged: logged for the detectors, nothing left to learn
             record.losses.append(loss)
-        if tracing and record.peak_bytes is None:  # a run shorter than TRACED_STEPS
-            record.peak_bytes = tracemalloc.get_traced_memory()[1] - before
+        if record.step_times and len(record.step_times) < TRACED_STEPS:  # a run shorter than TRACED_STEPS
+            record.peak_bytes = meter.read()
     record.state_bytes = state_bytes(optimizer)
     return record

@@ -7,6 +7,10 @@ and the step, never on the optimizer, so every optimizer meets the same data in 
 
 An optimizer with ``hessian_due`` and ``update_hessian(sampled_loss, batch_size)`` (Sophia-G) gets
 its Gauss-Newton-Bartlett loss on the steps it asks for.
+
+The supervised and quadratic workloads run on any device (``device="cuda"``): the model lives
+there, while the seed's draws are made on the CPU and moved, so the data do not depend on the device.
+The RL workload's environment is CPU tensors: it runs on the CPU only.
 """
 
 from __future__ import annotations
@@ -56,17 +60,18 @@ class Supervised:
     name = "supervised"
     max_norm = 1.0
 
-    def __init__(self, seed: int, batch_size: int = 64) -> None:
+    def __init__(self, seed: int, device: str = "cpu", batch_size: int = 64) -> None:
         self._gen = setup(seed)
         self._task = supervised.Task()
-        self.model = supervised.make_model()
+        self._device = torch.device(device)
+        self.model = supervised.make_model().to(self._device)
         self._batch = batch_size
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.model.parameters())
 
     def step(self, optimizer: torch.optim.Optimizer) -> tuple[float, dict[str, float]]:
-        x, y = self._task.draw(self._batch, self._gen)
+        x, y = (t.to(self._device) for t in self._task.draw(self._batch, self._gen))
         logits = self.model(x)
         loss = F.cross_entropy(logits, y)
         _refresh_hessian(optimizer, lambda: gnb_loss(logits, self._gen), len(x))
@@ -85,7 +90,9 @@ class Reinforcement:
     name = "rl"
     max_norm = 0.5  # clipped inside rl.Learner.update
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, device: str = "cpu") -> None:
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"the RL workload runs on the CPU only (its grid world is CPU tensors), not {device}")
         self._gen = setup(seed)
         self.learner = rl.Learner(1e-3, self._gen)  # its own Adam is replaced by the benchmark's optimizer
 
@@ -129,15 +136,16 @@ class Quadratic:
     max_norm = 10.0
     DIM, WELLS, CONDITION = 128, 16, 100.0
 
-    def __init__(self, seed: int, noise: float = 0.5) -> None:
+    def __init__(self, seed: int, device: str = "cpu", noise: float = 0.5) -> None:
         self._gen = setup(seed)
+        self._device = torch.device(device)
         fixed = torch.Generator().manual_seed(4321)  # the landscape is the same for every seed
         q, _ = torch.linalg.qr(torch.randn(self.DIM, self.DIM, generator=fixed))
         curvature = torch.logspace(0, math.log10(self.CONDITION), self.DIM)
-        self._land = _Landscape(q, curvature, self.WELLS)
+        self._land = _Landscape(q.to(self._device), curvature.to(self._device), self.WELLS)
         z0 = torch.ones(self.DIM)
         z0[: self.WELLS] = 1e-3 * torch.randn(self.WELLS, generator=fixed)
-        self.x = nn.Parameter(q.T @ z0)
+        self.x = nn.Parameter((q.T @ z0).to(self._device))
         self._noise = noise
 
     def parameters(self) -> list[nn.Parameter]:
@@ -150,17 +158,36 @@ class Quadratic:
 
     def step(self, optimizer: torch.optim.Optimizer) -> tuple[float, dict[str, float]]:
         value = self.objective(self.x)
-        noisy = value + self._noise * torch.randn(self.DIM, generator=self._gen) @ self.x
+        noisy = value + self._noise * torch.randn(self.DIM, generator=self._gen).to(self._device) @ self.x
         _refresh_hessian(optimizer, lambda: noisy, 1)  # no likelihood: the empirical Fisher
         grad_norm = _descend(optimizer, noisy, self.parameters(), self.max_norm)
         return float(value.detach()), {"grad_norm": grad_norm}
 
 
-WORKLOADS: dict[str, Callable[[int], Workload]] = {
+WORKLOADS: dict[str, Callable[[int, str], Workload]] = {
     "supervised": Supervised,
     "rl": Reinforcement,
     "quadratic": Quadratic,
 }
-"""Workload name -> its constructor (taking the seed)."""
+"""Workload name -> its constructor (taking the seed and the device)."""
 BASE_LR = {"supervised": 3e-3, "rl": 1e-3, "quadratic": 3e-2}
 """AdamW's peak LR per workload (the canaries' own); the other optimizers scale it (``specs``)."""
+
+
+def check_device(device: str, workloads: list[str]) -> None:
+    """Refuse, before any run, a device torch cannot use or a workload that cannot run there.
+
+    Raises:
+        ValueError: the message says what to pass instead.
+    """
+    try:
+        where = torch.device(device)
+    except RuntimeError:
+        where = None
+    if where is None or where.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: the benchmark runs on cpu, cuda or cuda:N")
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch {torch.__version__} sees no CUDA device; run on --device cpu")
+    if where.type != "cpu" and "rl" in workloads:
+        raise ValueError(f"the rl workload runs on the CPU only: with --device {device}, pass --workload supervised "
+                         "and/or --workload quadratic")  # fmt: skip
