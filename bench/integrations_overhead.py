@@ -1,15 +1,16 @@
 """What each framework integration adds to its framework's own step time, side by side in one run.
 
-For each framework (transformers ``Trainer``, Lightning, Stable-Baselines3) the README's example script
-(``examples/integrations/``) trains the same small model the same steps without the integration
-(``--without``: for Lightning, its default logger in place of ours) and with it (``--init-first``),
-alternately (``--repeats`` pairs, in fresh processes), against a real nats-server and daemon. The
-agent is started with ``trainvigil.init()`` and has reached the broker before training starts, so
-its start-up is not counted (the integration logs through it, as it does in a script that starts its
-own agent). The ratio is the median over the pairs of each pair's ratio of median step times (each
-script marks its framework's step ends with the same hook in both arms:
-``examples/integrations/_common.py``); the ratio of whole training calls (``Trainer.train``'s
-``train_runtime``; ``Trainer.fit`` and ``PPO.learn`` timed around the call) is printed beside it.
+For each framework (transformers ``Trainer``, Lightning, Stable-Baselines3) the README's example
+script (``examples/integrations/``) trains the same small model the same steps without the
+integration (``--without``: for Lightning, its default logger in place of ours) and with it
+(``--init-first``), alternately (``--repeats`` pairs in fresh processes, every other pair in the
+other order), against a real nats-server and daemon. The agent is started with ``trainvigil.init()``
+and has reached the broker before training starts, so its start-up is not counted (the integration
+logs through it, as it does in a script that starts its own agent). The ratio is the median over the
+pairs of each pair's ratio of median step times (each script marks its framework's step ends with
+the same hook in both arms: ``examples/integrations/_common.py``); the ratio of whole training calls
+(``Trainer.train``'s ``train_runtime``; ``Trainer.fit`` and ``PPO.learn`` timed around the call) is
+printed beside it.
 Target: <= 1.01.
 
     python bench/integrations_overhead.py                 # --repeats 5
@@ -72,8 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for framework in args.only or list(COMMANDS):
             step_ratios, total_ratios, steps = [], [], []
             for k in range(args.repeats):
-                without = timed(framework, "without", "", tmp, svc.url)
-                with_ = timed(framework, "with", f"bench-{framework}-{k}", tmp, svc.url)
+                # ABBA: every other pair runs "with" first, so an order effect (a warmer GPU or cache, a
+                # daemon still busy with the last run) falls on both arms alike.
+                order = ("without", "with") if k % 2 == 0 else ("with", "without")
+                runs = {mode: timed(framework, mode, f"bench-{framework}-{k}", tmp, svc.url) for mode in order}
+                without, with_ = runs["without"], runs["with"]
                 step_ratios.append(with_["median_step_ms"] / without["median_step_ms"])
                 total_ratios.append(with_["seconds"] / without["seconds"])
                 steps.append((without["median_step_ms"], with_["median_step_ms"]))
