@@ -12,7 +12,10 @@ Runs a real nats-server and ``vigil up``, real agents (``bench/_agents.py``) and
 3. Ingest throughput (steps/s committed) of 2 producers x STEPS steps: alone, with 10 live pages open
    on the runs being ingested, and with 200 concurrent page/data requests in flight all along.
 
-Usage: ``python bench/web.py [--steps 150000] [--skip-first-chart]``.
+   The three run in turn, ``--rounds`` times; a ratio is the median of the rounds' ratios (the machine
+   is shared, so one round says little).
+
+Usage: ``python bench/web.py [--steps 150000] [--rounds 3] [--skip-first-chart]``.
 """
 
 from __future__ import annotations
@@ -243,9 +246,59 @@ class _Requests:
             writer.close()
 
 
+def ingest_rounds(tmp: Path, url: str, port: int, steps: int, rounds: int, browsers: list[Any]) -> list[list[object]]:
+    """``rounds`` rounds of alone / 10 live pages / 200 concurrent requests, interleaved so that what else
+    the machine runs meanwhile weighs on all three alike; each ratio is the median of its rounds' ratios."""
+    base = f"http://127.0.0.1:{port}"
+    alone, pages, load = [], [], []
+    updates, requests, errors, latencies = 0, 0, 0, []
+    for i in range(rounds):
+        alone.append(ingest(tmp, url, port, steps, f"alone{i}", None))
+        open_pages = _Pages(base, browsers, [])
+
+        def with_pages(runs: list[str], side: _Pages = open_pages) -> _Pages:
+            side.runs = runs
+            return side
+
+        pages.append(ingest(tmp, url, port, steps, f"pages{i}", with_pages))
+        updates += open_pages.updates
+        http = _Requests(base, [])
+
+        def with_load(runs: list[str], side: _Requests = http) -> _Requests:
+            side.runs = runs
+            return side
+
+        load.append(ingest(tmp, url, port, steps, f"load{i}", with_load))
+        requests, errors = requests + len(http.latencies), errors + http.errors
+        latencies += http.latencies
+        print(
+            f"round {i + 1}: alone {alone[-1]:,.0f}, pages {pages[-1]:,.0f}, load {load[-1]:,.0f} steps/s", flush=True
+        )
+    lat = np.array(latencies) * 1000
+
+    def ratio(arm: list[float]) -> str:
+        return f"{statistics.median(a / b for a, b in zip(arm, alone, strict=True)):.2f}"
+
+    def spread(arm: list[float]) -> str:
+        return f"{statistics.median(arm):,.0f} ({min(arm):,.0f}-{max(arm):,.0f})"
+
+    return [
+        ["alone", spread(alone), "1.00", ""],
+        ["10 live pages", spread(pages), ratio(pages), f"{updates} page updates"],
+        [
+            "200 concurrent requests",
+            spread(load),
+            ratio(load),
+            f"{requests:,} requests, p50 {np.percentile(lat, 50):.0f} ms, p99 {np.percentile(lat, 99):.0f} ms, "
+            f"{errors} errors",
+        ],
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150_000, help="steps per producer in the ingest runs")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three ingest runs (medians)")
     parser.add_argument("--skip-first-chart", action="store_true")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
@@ -266,36 +319,10 @@ def main() -> int:
             print(table([*head, "all charts, answers shared ms"], first_chart(base, browser, ticker)))
         p50, p99, n = live_latency(base, url, browser)
         print(f"\ncommit -> browser latency: p50 {p50:.0f} ms, p99 {p99:.0f} ms ({n} updates)")
-        alone = ingest(tmp, url, svc.http_port, args.steps, "alone", None)
         second = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        pages = _Pages(base, [browser, second], [])
-
-        def open_pages(runs: list[str]) -> _Pages:
-            pages.runs = runs
-            return pages
-
-        with_pages = ingest(tmp, url, svc.http_port, args.steps, "pages", open_pages)
-        requests = _Requests(base, [])
-
-        def load(runs: list[str]) -> _Requests:
-            requests.runs = runs
-            return requests
-
-        with_load = ingest(tmp, url, svc.http_port, args.steps, "load", load)
-        lat = np.array(requests.latencies) * 1000
-        rows = [
-            ["alone", f"{alone:,.0f}", "1.00", ""],
-            ["10 live pages", f"{with_pages:,.0f}", f"{with_pages / alone:.2f}", f"{pages.updates} page updates"],
-            [
-                "200 concurrent requests",
-                f"{with_load:,.0f}",
-                f"{with_load / alone:.2f}",
-                f"{len(lat):,} requests, p50 {np.percentile(lat, 50):.0f} ms, p99 {np.percentile(lat, 99):.0f} ms, "
-                f"{requests.errors} errors",
-            ],
-        ]
+        rows = ingest_rounds(tmp, url, svc.http_port, args.steps, args.rounds, [browser, second])
         print()
-        print(table(["ingest (2 producers)", "steps/s", "ratio", "HTTP side"], rows))
+        print(table(["ingest (2 producers)", "steps/s, median (range)", "ratio", "HTTP side"], rows))
         browser.close()
     return 0
 

@@ -199,6 +199,23 @@ def test_a_step_logged_while_the_run_page_is_open_appears_within_2_s(site: Site,
     assert time.monotonic() - logged < 2.0, "a live page shows a new step within 2 s"
 
 
+def test_a_live_update_refetches_the_charts_on_screen_and_one_out_of_view_once_scrolled_to(
+    site: Site, page: object
+) -> None:
+    page.set_viewport_size({"width": 1400, "height": 450})  # type: ignore[attr-defined]  # one row of charts
+    _open(page, site, "/run?id=" + quote(RUN))
+    page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+    below = page.locator("#chart-my_metric")  # type: ignore[attr-defined]
+    before = int(below.get_attribute("data-last-step") or 0)
+    new = STEPS + 100
+    site.agents[1].log(new, loss=0.01, my_metric=1.0)
+    assert site.agents[1].flush(10)
+    page.wait_for_function(f"+document.querySelector('#chart-loss').dataset.lastStep >= {new}", timeout=5000)  # type: ignore[attr-defined]
+    assert int(below.get_attribute("data-last-step") or 0) == before, "a chart out of view is not refetched"
+    below.scroll_into_view_if_needed()
+    page.wait_for_function(f"+document.querySelector('#chart-my_metric').dataset.lastStep >= {new}", timeout=5000)  # type: ignore[attr-defined]
+
+
 def test_the_run_page_of_a_script_run_id_shows_it_as_text(site: Site, page: object) -> None:
     _open(page, site, "/run?id=" + quote(XSS))
     assert page.locator("#run-id").text_content() == XSS  # type: ignore[attr-defined]
@@ -207,10 +224,70 @@ def test_the_run_page_of_a_script_run_id_shows_it_as_text(site: Site, page: obje
     assert page.dialogs == []  # type: ignore[attr-defined]
 
 
+def _legend(page: object) -> list[str]:
+    return page.locator(".u-legend .u-label").all_text_contents()[1:]  # type: ignore[attr-defined]  # [0]: x
+
+
+def test_the_run_page_draws_wall_time_on_the_x_axis_with_units_marks_and_zoom(site: Site, page: object) -> None:
+    _open(page, site, "/run?id=" + quote(RUN) + "&x=time")
+    loss = page.locator("#chart-loss")  # type: ignore[attr-defined]
+    assert loss.get_attribute("data-xmode") == "time"
+    ticks = (loss.get_attribute("data-xticks") or "").split("|")
+    assert any(ticks) and all(t == "" or t.endswith((" ms", " s", " min", " h", " d")) for t in ticks), ticks
+    assert page.locator("#chart-grad_norm .episode.sev-page").count() == 1, "the alert band is placed in time"  # type: ignore[attr-defined]
+    box = page.locator("#chart-loss .u-over").bounding_box()  # type: ignore[attr-defined]
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # type: ignore[attr-defined]
+    legend_x = page.locator("#chart-loss .u-legend .u-series").first.inner_text()  # type: ignore[attr-defined]
+    assert "+" in legend_x and "step" in legend_x, f"the hovered time and its step: {legend_x!r}"
+    _shot(page, "run-wall-time.png")
+    page.select_option("#xaxis", "step")  # type: ignore[attr-defined]
+    page.wait_for_function("document.querySelector('#chart-loss').dataset.xmode === 'step'")  # type: ignore[attr-defined]
+    assert "x=time" not in page.url  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("xmode", ["step", "time"])
+def test_dragging_a_range_on_either_x_axis_fetches_the_steps_inside_it(site: Site, page: object, xmode: str) -> None:
+    _open(page, site, f"/run?id={LONG}&x={xmode}")
+    loss = page.locator("#chart-loss")  # type: ignore[attr-defined]
+    box = loss.locator(".u-over").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.3, y)  # type: ignore[attr-defined]
+    page.mouse.down()  # type: ignore[attr-defined]
+    page.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)  # type: ignore[attr-defined]
+    page.mouse.up()  # type: ignore[attr-defined]
+    page.wait_for_function("document.querySelector('#chart-loss .note').textContent.includes('steps')")  # type: ignore[attr-defined]
+    lo, hi = (
+        int(v) for v in loss.locator(".note").inner_text().rpartition("steps ")[2].split("\u2013")
+    )  # the note writes an en dash
+    assert 0 < lo < hi < LONG_STEPS - 1, (lo, hi)
+    page.wait_for_function(f"+document.querySelector('#chart-loss').dataset.lastStep <= {hi}")  # type: ignore[attr-defined]
+    assert loss.get_attribute("data-xmode") == xmode, "zoomed in, on the same axis"
+
+
+def test_compare_overlays_every_rank_of_each_run_named_in_the_legend(site: Site, page: object) -> None:
+    _open(page, site, f"/compare?metric=loss&id={quote(RUN)}&id={quote(XSS)}&ranks=all")
+    assert _legend(page) == [f"{RUN} · rank 0", f"{RUN} · rank 1", f"{XSS} · rank 0"]
+    _shot(page, "compare-ranks.png")
+    page.locator("#ranks input[data-rank='all']").uncheck()  # type: ignore[attr-defined]
+    page.locator("#ranks input[data-rank='0']").uncheck()  # type: ignore[attr-defined]
+    page.locator("#ranks input[data-rank='1']").check()  # type: ignore[attr-defined]
+    page.wait_for_function("document.querySelectorAll('.u-legend .u-label').length === 2")  # type: ignore[attr-defined]
+    assert _legend(page) == [f"{RUN} · rank 1"], "a rank a run lacks draws nothing for it"
+    assert "ranks=1" in page.url  # type: ignore[attr-defined]
+    page.select_option("#xaxis", "time")  # type: ignore[attr-defined]
+    page.wait_for_function("document.querySelector('.chart').dataset.xmode === 'time'")  # type: ignore[attr-defined]
+
+
+def test_the_compare_answer_names_run_and_rank_of_each_series(site: Site) -> None:
+    body = site.get(f"/api/compare?metric=loss&id={quote(RUN)}&id={quote(XSS)}&ranks=0,1").json()
+    named = sorted((s["run"], s["rank"]) for s in body["series"].values())
+    assert named == [(XSS, 0), (RUN, 0), (RUN, 1)]
+    assert sorted(site.get(f"/api/compare?metric=loss&id={quote(RUN)}").json()["series"]) == [f"0:{RUN}"]
+
+
 def test_compare_and_alerts_pages_draw(site: Site, page: object) -> None:
     _open(page, site, f"/compare?metric=loss&id={quote(RUN)}&id={quote(XSS)}")
-    labels = page.locator(".u-legend .u-label").all_text_contents()  # type: ignore[attr-defined]
-    assert RUN in labels and XSS in labels
+    assert _legend(page) == [f"{RUN} · rank 0", f"{XSS} · rank 0"], "rank 0 of each run by default"
     _open(page, site, "/alerts")
     assert "non_finite" in page.locator("#anomalies tbody").inner_text()  # type: ignore[attr-defined]
     assert page.dialogs == []  # type: ignore[attr-defined]

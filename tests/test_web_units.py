@@ -25,13 +25,25 @@ def test_request_values_enter_sql_only_as_quoted_literals() -> None:
     assert sql.metric_expr("x'] IS NULL; --") == "extra['x''] IS NULL; --']"
 
 
-def test_bucket_rows_become_step_ordered_series_and_a_one_point_bucket_one_point() -> None:
-    rows = [(0, 0, 5, 1.0, 2, 9.0, 50.0, 20.0), (0, 1, 7, 3.0, 7, 3.0, 70.0, 70.0)]
-    rows.append(("run", 0, 1, 2.0, 1, 2.0, None, None))
-    assert sql.points(rows) == {
-        "0": {"x": [2, 5, 7], "y": [9.0, 1.0, 3.0], "t": [20.0, 50.0, 70.0]},
-        "run": {"x": [1], "y": [2.0], "t": [None]},
-    }
+def test_each_bucket_gives_its_min_and_max_in_step_order_and_a_one_step_bucket_one_point(tmp_path: Path) -> None:
+    store = Store(tmp_path / "vigil.duckdb")
+    try:
+        store.con.execute(
+            "INSERT INTO steps (run_id, rank, step, time, loss) SELECT 'p', 0, s, to_timestamp(100 + s), v "
+            "FROM (VALUES (0, 5.0), (1, 1.0), (2, 2.0), (3, 9.0)) t(s, v)"
+        )
+
+        def series(n: int) -> dict[str, dict[str, list[float]]]:
+            result = run_query(store.cursor(), sql.run_series("p", "loss", [], None, None, n), sql.MAX_ROWS, 10)
+            assert not result.error, result.error
+            return sql.points(result.rows)
+
+        # Two buckets: steps 0-1 (the maximum comes first) and 2-3, each its two points by step.
+        assert series(2) == {"0": {"x": [0, 1, 2, 3], "y": [5.0, 1.0, 2.0, 9.0], "t": [100.0, 101.0, 102.0, 103.0]}}
+        assert series(4)["0"]["x"] == [0, 1, 2, 3], "a bucket of one step is one point"
+        assert series(1)["0"] == {"x": [1, 3], "y": [1.0, 9.0], "t": [101.0, 103.0]}
+    finally:
+        store.close()
 
 
 def test_bucket_count_keeps_points_and_rows_in_budget() -> None:
@@ -63,7 +75,7 @@ def test_every_web_query_passes_the_read_only_check_and_runs(store: Store) -> No
         sql.events("r"),
         sql.anomalies(),
         sql.anomalies("r"),
-        sql.compare_series(["r", "x'y"], "loss", None, None, 500),
+        sql.compare_series(["r", "x'y"], "loss", [], None, None, 500),
     ):
         result = run_query(store.cursor(), text, sql.MAX_ROWS, 10)
         assert not result.error, text
@@ -97,7 +109,7 @@ def test_commits_reach_subscribers_in_ticks_at_most_four_a_second_as_one_notice_
             return sub.take(), time.monotonic() - started
 
     notice, took = anyio.run(scenario, backend="asyncio")
-    assert notice["runs"] == ["a", "b"] and notice["alerts"] is True
+    assert notice["runs"] == ["a", "b"] and notice["alerts"] is True and notice["events"] is True
     assert took >= MIN_INTERVAL_S
 
 
@@ -141,3 +153,66 @@ def test_identical_queries_in_one_commit_generation_run_once_and_a_commit_runs_t
 
     assert anyio.run(scenario, backend="asyncio") == [1, 1, 1, 1, 1, 2]
     assert runs == [0, 1]
+
+
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def _budget_run(busy: bool, requests: int, cost_s: float, share: float) -> tuple[float, int]:
+    """Wall time for ``requests`` sequential requests of ``cost_s`` CPU each through an :class:`HttpBudget`."""
+    from trainvigil.daemon.web.budget import HttpBudget
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        _burn(cost_s)
+
+    budget = HttpBudget(app, busy=lambda: busy, share=share, burst_s=0.0)
+
+    async def scenario() -> float:
+        started = time.monotonic()
+        for _ in range(requests):
+            await budget({"type": "http", "path": "/api/runs"}, None, None)  # type: ignore[arg-type]
+        await budget({"type": "http", "path": "/healthz"}, None, None)  # type: ignore[arg-type]
+        return time.monotonic() - started
+
+    return anyio.run(scenario, backend="asyncio"), budget.held
+
+
+def test_while_the_ingest_is_busy_requests_use_at_most_their_share_of_the_loop() -> None:
+    took, held = _budget_run(busy=True, requests=10, cost_s=0.005, share=0.25)
+    # Each request costs at least 5 ms; before the 10th may start, the budget (which starts empty) must
+    # have refilled what the first 9 cost at a quarter of a core: 180 ms, however busy the machine is.
+    assert took >= 0.99 * 9 * 0.005 / 0.25 and held > 0
+
+
+def test_while_the_ingest_is_idle_requests_are_never_held() -> None:
+    took, held = _budget_run(busy=False, requests=10, cost_s=0.005, share=0.25)
+    assert held == 0 and took < 1.0
+
+
+def test_the_ingest_counts_as_busy_only_while_committing_a_fleets_worth_of_steps_a_second() -> None:
+    import numpy as np
+
+    from trainvigil.daemon.batch.decode import StepColumns
+    from trainvigil.daemon.web.live import HEAVY_STEPS_S
+
+    def batch(steps: int) -> IngestBatch:
+        ns = np.arange(steps)
+        return IngestBatch(steps=[StepColumns(Source(run_id="r"), ns, ns.astype(float), {}, {})])
+
+    async def scenario() -> list[bool]:
+        live = Broadcaster()
+        live.bind()
+        seen = [live.busy()]
+        # The writer thread hands its notice to the loop before its own return: both queue in order.
+        await anyio.to_thread.run_sync(live.committed, batch(10))
+        seen.append(live.busy())
+        await anyio.to_thread.run_sync(live.committed, batch(HEAVY_STEPS_S))
+        seen.append(live.busy())
+        live.close()
+        return seen
+
+    assert anyio.run(scenario, backend="asyncio") == [False, False, True]

@@ -15,6 +15,8 @@ from typing import Generic, TypeVar
 
 import anyio
 
+from trainvigil.daemon.web.budget import off_the_clock
+
 T = TypeVar("T")
 MAX_ENTRIES = 256
 
@@ -58,7 +60,8 @@ class SharedAnswers(Generic[T]):
             finally:
                 entry.done.set()
             return entry.value
-        await entry.done.wait()
+        async with off_the_clock():  # another request is computing it: waiting costs this one nothing
+            await entry.done.wait()
         if entry.error is not None:
             raise entry.error
         return entry.value  # type: ignore[return-value]

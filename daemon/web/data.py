@@ -7,15 +7,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse as _StarletteJSON
+from starlette.responses import Response
 
 from trainvigil.daemon.web import sql
+from trainvigil.daemon.web.budget import charge, off_the_clock
 from trainvigil.daemon.web.cache import SharedAnswers
 from trainvigil.schemas import KNOWN_METRICS
 from trainvigil.schemas.query import QueryRequest, QueryResult
@@ -49,6 +52,11 @@ def _int(request: Request, name: str) -> int | None:
         raise BadRequestError(f"{name} must be a number, not {raw!r}") from None
 
 
+def _ranks(request: Request) -> list[int]:
+    """``ranks=0,2``: the ranks named (anything but digits is skipped)."""
+    return [int(r) for r in request.query_params.get("ranks", "").split(",") if r.strip().isdigit()]
+
+
 def _required(request: Request, name: str) -> str:
     value = request.query_params.get(name, "")
     if not value:
@@ -56,70 +64,115 @@ def _required(request: Request, name: str) -> str:
     return value
 
 
+class Encoded(NamedTuple):
+    """An answer as it goes on the wire: its status code and its JSON body."""
+
+    status: int
+    body: bytes
+
+
+def _error(result: QueryResult) -> Encoded:
+    # A refused query is the request's fault (400); a query that failed or timed out is the daemon's (503).
+    return Encoded(400 if result.refused else 503, msgspec.json.encode({"error": result.error}))
+
+
+def _rows(result: QueryResult) -> Encoded:
+    return Encoded(200, msgspec.json.encode({"rows": _records(result), "truncated": result.truncated}))
+
+
+def _run_info(run_id: str) -> Callable[[QueryResult], Encoded]:
+    def shape(result: QueryResult) -> Encoded:
+        if not result.rows:
+            return Encoded(404, msgspec.json.encode({"error": f"no run {run_id!r}"}))
+        info = _records(result)[0]
+        info["metrics"] = [m for m in KNOWN_METRICS if info.pop(m)] + list(info.pop("custom") or [])
+        return Encoded(200, msgspec.json.encode(info))
+
+    return shape
+
+
+def _series(metric: str, compare: bool = False) -> Callable[[QueryResult], Encoded]:
+    def shape(result: QueryResult) -> Encoded:
+        series: dict[str, dict[str, Any]] = sql.points(result.rows)  # type: ignore[assignment]
+        if compare:
+            _name_run_and_rank(series)
+        return Encoded(200, msgspec.json.encode({"metric": metric, "series": series, "truncated": result.truncated}))
+
+    return shape
+
+
+def _name_run_and_rank(series: dict[str, dict[str, Any]]) -> None:
+    """Compare's series keys are ``<rank>:<run id>``; each series also says its run and rank (for the legend)."""
+    for key, points in series.items():
+        rank, _, run_id = key.partition(":")
+        points["run"], points["rank"] = run_id, int(rank)
+
+
 class DataApi:
-    """The handlers of ``/api/*``."""
+    """The handlers of ``/api/*``.
+
+    Between two commits an answer cannot change, and many open pages ask the same questions, so each
+    distinct question is answered once per commit generation: run, *shaped and JSON-encoded* once, its
+    bytes handed to every request of that generation (:class:`.cache.SharedAnswers`). Building the
+    answer (rows to series, JSON) holds the GIL the ingest needs; doing it per request cost more than
+    the query itself under load.
+    """
 
     def __init__(self, ask: Ask, concurrency: int = 2, generation: Callable[[], int] = lambda: 0) -> None:
         """``generation``: the count of commits so far (:attr:`.live.Broadcaster.generation`); a query
         runs once per distinct text and generation, its answer shared by every request that asks it."""
         self._ask = ask
         self._slots = anyio.CapacityLimiter(concurrency)
-        self._shared: SharedAnswers[QueryResult] = SharedAnswers(generation)
+        self._shared: SharedAnswers[Encoded] = SharedAnswers(generation)
 
-    async def query(self, text: str, limit: int = sql.MAX_ROWS) -> QueryResult:
-        return await self._shared.get((text, limit), lambda: self._run(text, limit))
+    async def _answer(
+        self, kind: str, text: str, shape: Callable[[QueryResult], Encoded], limit: int = sql.MAX_ROWS
+    ) -> Response:
+        """The encoded answer to ``text`` shaped by ``shape``; ``kind`` (the endpoint) keys it with the text."""
 
-    async def _run(self, text: str, limit: int) -> QueryResult:
-        async with self._slots:
-            return await self._ask(QueryRequest(sql=text, limit=limit))
+        async def build() -> Encoded:
+            async with off_the_clock(), self._slots:
+                started = time.monotonic()
+                result = await self._ask(QueryRequest(sql=text, limit=limit))
+                charge(time.monotonic() - started)
+            return _error(result) if result.error else shape(result)
 
-    async def _answer(self, text: str, limit: int = sql.MAX_ROWS) -> JSONResponse:
-        result = await self.query(text, limit)
-        if result.error:
-            return JSONResponse({"error": result.error}, status_code=400 if result.refused else 503)
-        return JSONResponse({"rows": _records(result), "truncated": result.truncated})
+        encoded = await self._shared.get((kind, text, limit), build)
+        return Response(encoded.body, encoded.status, media_type="application/json")
 
-    async def runs(self, request: Request) -> JSONResponse:
-        return await self._answer(sql.runs())
+    async def runs(self, request: Request) -> Response:
+        return await self._answer("runs", sql.runs(), _rows)
 
-    async def run(self, request: Request) -> JSONResponse:
+    async def run(self, request: Request) -> Response:
         run_id = _required(request, "id")
-        result = await self.query(sql.run_info(run_id))
-        if result.error:
-            return JSONResponse({"error": result.error}, status_code=503)
-        if not result.rows:
-            return JSONResponse({"error": f"no run {run_id!r}"}, status_code=404)
-        info = _records(result)[0]
-        info["metrics"] = [m for m in KNOWN_METRICS if info.pop(m)] + list(info.pop("custom") or [])
-        return JSONResponse(info)
+        return await self._answer("run", sql.run_info(run_id), _run_info(run_id))
 
-    async def series(self, request: Request) -> JSONResponse:
+    async def series(self, request: Request) -> Response:
         run_id, metric = _required(request, "id"), _required(request, "metric")
-        ranks = [int(r) for r in request.query_params.get("ranks", "").split(",") if r.strip().isdigit()]
+        ranks = _ranks(request)
         lo, hi = _int(request, "lo"), _int(request, "hi")
         n = sql.bucket_count(len(ranks) or _int(request, "nranks") or 1)
-        return await self._series(sql.run_series(run_id, metric, ranks, lo, hi, n), metric)
+        return await self._answer("series", sql.run_series(run_id, metric, ranks, lo, hi, n), _series(metric))
 
-    async def compare(self, request: Request) -> JSONResponse:
-        run_ids = [r for r in request.query_params.getlist("id") if r][:MAX_COMPARE]
+    async def compare(self, request: Request) -> Response:
+        """``metric`` of up to 10 runs, rank 0 of each unless ``ranks`` names others (``0,1`` or ``all``)."""
+        run_ids = list(dict.fromkeys(r for r in request.query_params.getlist("id") if r))[:MAX_COMPARE]
         if not run_ids:
             raise BadRequestError("name at least one run: ?id=A&id=B (up to 10)")
         metric = _required(request, "metric")
+        every = request.query_params.get("ranks", "").strip() == "all"
+        ranks = [] if every else (_ranks(request) or [0])
         lo, hi = _int(request, "lo"), _int(request, "hi")
-        n = sql.bucket_count(len(run_ids))
-        return await self._series(sql.compare_series(run_ids, metric, lo, hi, n), metric)
+        # With every rank the page says how many series to expect (nseries); budget the buckets for them.
+        n = sql.bucket_count(_int(request, "nseries") or len(run_ids) * max(1, len(ranks)))
+        text = sql.compare_series(run_ids, metric, ranks, lo, hi, n)
+        return await self._answer("compare", text, _series(metric, compare=True))
 
-    async def _series(self, text: str, metric: str) -> JSONResponse:
-        result = await self.query(text)
-        if result.error:
-            return JSONResponse({"error": result.error}, status_code=400 if result.refused else 503)
-        return JSONResponse({"metric": metric, "series": sql.points(result.rows), "truncated": result.truncated})
+    async def episodes(self, request: Request) -> Response:
+        return await self._answer("episodes", sql.episodes(_required(request, "id")), _rows)
 
-    async def episodes(self, request: Request) -> JSONResponse:
-        return await self._answer(sql.episodes(_required(request, "id")))
+    async def events(self, request: Request) -> Response:
+        return await self._answer("events", sql.events(_required(request, "id")), _rows)
 
-    async def events(self, request: Request) -> JSONResponse:
-        return await self._answer(sql.events(_required(request, "id")))
-
-    async def anomalies(self, request: Request) -> JSONResponse:
-        return await self._answer(sql.anomalies(request.query_params.get("id") or None))
+    async def anomalies(self, request: Request) -> Response:
+        return await self._answer("anomalies", sql.anomalies(request.query_params.get("id") or None), _rows)

@@ -13,6 +13,9 @@ from starlette.responses import HTMLResponse
 
 from trainvigil._version import __version__
 
+_X_AXIS = """<label>x axis <select id="xaxis"><option value="step">step</option>
+<option value="time">wall time</option></select></label>"""
+"""The step / wall-time toggle of the Run and Compare pages (``vigil.js`` reads ``?x=time``)."""
 _NAV = (("runs", "/", "Runs"), ("compare", "/compare", "Compare"), ("alerts", "/alerts", "Alerts"))
 
 
@@ -50,7 +53,7 @@ async def run_page(request: Request) -> HTMLResponse:
 <label><input type="checkbox" id="log"> log scale</label>
 <label>smoothing <input type="range" id="smooth" min="0" max="0.99" step="0.01" value="0"></label>
 <span id="smooth-value" class="muted">0</span>
-<button id="reset">reset zoom</button><span class="muted">drag on a chart to zoom</span></div>
+{_X_AXIS}<button id="reset">reset zoom</button><span class="muted">drag on a chart to zoom</span></div>
 <div id="charts" class="charts"></div>
 <h2>Alerts</h2><table id="anomalies" class="grid"><thead><tr><th>time</th><th>rank</th><th>step</th>
 <th>detector</th><th>severity</th><th>state</th><th>message</th></tr></thead><tbody></tbody></table>
@@ -60,10 +63,12 @@ async def run_page(request: Request) -> HTMLResponse:
 
 
 async def compare_page(request: Request) -> HTMLResponse:
-    body = """<h1>Compare</h1>
+    body = f"""<h1>Compare</h1>
 <div class="controls"><label>metric <select id="metric"></select></label>
-<label><input type="checkbox" id="log"> log scale</label><span class="muted">pick up to 10 runs</span></div>
-<div id="picker" class="picker"></div><div id="charts" class="charts"></div>"""
+<label><input type="checkbox" id="log"> log scale</label>{_X_AXIS}<button id="reset">reset zoom</button>
+<span class="muted">pick up to 10 runs</span></div>
+<div id="picker" class="picker"></div><div class="controls"><span id="ranks"></span></div>
+<div id="charts" class="charts"></div>"""
     return HTMLResponse(render("compare", "Compare", body))
 
 

@@ -14,12 +14,13 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.web import pages
+from trainvigil.daemon.web.assets import Assets
 from trainvigil.daemon.web.auth import BearerAuth
+from trainvigil.daemon.web.budget import CpuSaturated, HttpBudget
 from trainvigil.daemon.web.data import BadRequestError, DataApi, JSONResponse
 from trainvigil.daemon.web.live import Broadcaster, sse_events
 
@@ -51,7 +52,7 @@ def build_app(
     async def prometheus(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
-    routes: list[Route | Mount] = [
+    routes: list[Route] = [
         Route("/healthz", healthz, methods=["GET", "HEAD"]),
         Route("/metrics", prometheus, methods=["GET", "HEAD"]),
     ]
@@ -68,7 +69,7 @@ def build_app(
             Route("/api/episodes", api.episodes),
             Route("/api/events", api.events),
             Route("/api/anomalies", api.anomalies),
-            Mount("/static", StaticFiles(packages=[("trainvigil.daemon.web", "static")]), name="static"),
+            Route("/static/{name}", Assets().serve, methods=["GET", "HEAD"]),
         ]
     if live is not None:
 
@@ -85,8 +86,18 @@ def build_app(
     async def bad_request(request: Request, exc: Exception) -> Response:
         return JSONResponse({"error": str(exc)}, status_code=400)
 
+    # While a heavy ingest has the cores saturated, the web view yields to it (.budget).
+    budget: list[Middleware] = []
+    if live is not None:
+        saturated = CpuSaturated()
+
+        def strained() -> bool:
+            return live.busy() and saturated()
+
+        live.strain_when(strained)  # fewer live ticks
+        budget = [Middleware(HttpBudget, busy=strained)]  # and a bounded share for the requests
     return Starlette(
         routes=routes,
-        middleware=[Middleware(BearerAuth, token=token)],
+        middleware=[*budget, Middleware(BearerAuth, token=token)],
         exception_handlers={404: not_found, BadRequestError: bad_request},
     )

@@ -3,6 +3,7 @@
 "use strict";
 (() => {
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728"];
+  const INFO_EVERY_MS = 2000;
   const UNITS = { step_time: "s", lr: "", samples: "samples", tokens: "tokens" };
   const page = document.body.dataset.page;
   const params = new URLSearchParams(location.search);
@@ -52,7 +53,7 @@
   function merge(a, b) {
     if (!a) return b;
     const runs = a.runs === null || b.runs === null ? null : [...new Set([...a.runs, ...b.runs])];
-    return { runs, alerts: a.alerts || b.alerts, committed_at: Math.max(a.committed_at, b.committed_at) };
+    return { runs, alerts: a.alerts || b.alerts, events: a.events || b.events, committed_at: Math.max(a.committed_at, b.committed_at) };
   }
   function live(onCommit) {
     const badge = document.getElementById("live");
@@ -83,7 +84,7 @@
         badge.textContent = "○ paused"; badge.classList.remove("on");
       } else if (!document.hidden && !source) {
         connect();
-        apply({ runs: null, alerts: true, committed_at: Date.now() / 1000 });
+        apply({ runs: null, alerts: true, events: true, committed_at: Date.now() / 1000 });
       }
     });
     if (!document.hidden) connect();
@@ -100,6 +101,7 @@
     });
   }
   function align(seriesByKey, keys, log, smooth) {
+    // uPlot wants one shared, sorted x array: the union of every series' x, nulls where a series has none.
     const xs = new Set();
     for (const k of keys) for (const x of (seriesByKey[k] || { x: [] }).x) xs.add(x);
     const x = Float64Array.from([...xs].sort((a, b) => a - b));
@@ -108,13 +110,84 @@
     for (const k of keys) {
       const ys = new Array(x.length).fill(null);
       const s = seriesByKey[k] || { x: [], y: [] };
-      s.x.forEach((step, i) => { const y = s.y[i]; ys[index.get(step)] = log && y <= 0 ? null : y; });
+      s.x.forEach((at, i) => { const y = s.y[i]; ys[index.get(at)] = log && y <= 0 ? null : y; });
       data.push(ema(ys, smooth));
     }
     return data;
   }
+
+  // ---- the x axis: step, or wall time since the run started ----------------------------------------
+  // The daemon buckets by step and sends each point's wall time (t, Unix s) beside its step, so the same
+  // answer draws either way; zooming always asks for a step range (the time range maps back to steps).
+  const TIME_UNITS = [[86400, "d"], [3600, "h"], [60, "min"], [1, "s"], [0.001, "ms"]];
+  function timeUnit(span) {  // the largest unit the visible span holds twice, so ticks read 0, 1.5, 3 min
+    for (const [size, name] of TIME_UNITS) if (span >= 2 * size) return [size, name];
+    return [0.001, "ms"];
+  }
+  function timeTicks(u, splits) {
+    const [size, name] = timeUnit(u.scales.x.max - u.scales.x.min);
+    const labels = splits.map((v) => (v === null ? "" : `${+(v / size).toPrecision(3)} ${name}`));
+    u.root.closest(".chart").dataset.xticks = labels.join("|");  // the browser tests read the ticks drawn
+    return labels;
+  }
+  function duration(s) {  // "+1 h 02 min 05 s" for the legend
+    const sign = s < 0 ? "−" : "+"; s = Math.abs(s);
+    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+    if (h) return `${sign}${h} h ${String(m).padStart(2, "0")} min`;
+    if (m) return `${sign}${m} min ${sec.toFixed(0).padStart(2, "0")} s`;
+    return sec < 1 ? `${sign}${+(sec * 1000).toPrecision(3)} ms` : `${sign}${sec < 10 ? sec.toFixed(2) : sec.toFixed(1)} s`;
+  }
+  class StepTime {
+    // A monotone step <-> x map from the drawn points (x = seconds since start), interpolated between them:
+    // marks at steps are placed in time, and a time range chosen by dragging becomes steps to ask for.
+    constructor(pairs) {
+      pairs.sort((a, b) => a[0] - b[0]);
+      let top = -Infinity;
+      this.steps = []; this.xs = [];
+      for (const [step, x] of pairs) { top = Math.max(top, x); this.steps.push(step); this.xs.push(top); }
+    }
+    static interp(from, to, v, outside) {
+      // Between the drawn points: linear. Outside them: the nearest end, or ±Infinity with `outside`
+      // (a mark at a step beyond the zoomed range is not drawn at its edge).
+      const n = from.length;
+      if (!n) return v;
+      if (v < from[0]) return outside ? -Infinity : to[0];
+      if (v > from[n - 1]) return outside ? Infinity : to[n - 1];
+      let lo = 0, hi = n - 1;
+      while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (from[mid] <= v) lo = mid; else hi = mid; }
+      const span = from[hi] - from[lo];
+      return span ? to[lo] + ((v - from[lo]) / span) * (to[hi] - to[lo]) : to[lo];
+    }
+    toX(step) { return StepTime.interp(this.steps, this.xs, step, true); }
+    toStep(x) { return StepTime.interp(this.xs, this.steps, x); }
+    stepsIn(a, b) {
+      // The steps to ask for when [a, b] is chosen on the time axis: out to the drawn points around it,
+      // so a range that falls in a pause of the run still holds the points on either side.
+      const n = this.xs.length;
+      if (!n) return [a, b];
+      let lo = 0, hi = n - 1;
+      while (lo < n - 1 && this.xs[lo + 1] <= a) lo++;
+      while (hi > 0 && this.xs[hi - 1] >= b) hi--;
+      return [this.steps[lo], this.steps[Math.max(lo, hi)]];
+    }
+  }
+  const IDENTITY = { toX: (v) => v, toStep: (v) => v, stepsIn: (a, b) => [a, b] };
+
+  // A live update refetches only the charts on screen: one scrolled out of view is marked stale and
+  // fetched as soon as any of it shows again. Ten open pages of six charts each at four updates a
+  // second cost the daemon's queries and the browser's drawing, and both share the cores with ingest.
+  const onScreen = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      const chart = entry.target.chart;
+      chart.visible = entry.isIntersecting;
+      if (chart.visible && chart.stale) { chart.stale = false; chart.load(); }
+    }
+  });
+
   class Chart {
-    // One metric: a series per key (rank, or run), episodes as bands, events as markers.
+    // One metric: a series per key (rank, or run and rank), episodes as bands, events as markers.
+    // opts: endpoint, query(metric), keys(keys in the answer), view() -> {log, smooth, label, style, xmode},
+    // origin(key) -> the Unix time the key's run started (wall-time axis).
     constructor(parent, metric, opts) {
       this.metric = metric; this.opts = opts; this.range = null; this.raw = {}; this.keys = [];
       this.box = el("div", { class: "chart", id: "chart-" + metric.replace(/[^A-Za-z0-9_-]/g, "_"), "data-metric": metric });
@@ -123,7 +196,14 @@
       this.tip = el("div", { class: "tip" });
       this.box.append(this.plotBox, this.note, this.tip);
       parent.append(this.box);
-      this.plot = null; this.episodes = []; this.events = [];
+      this.plot = null; this.episodes = []; this.events = []; this.map = IDENTITY;
+      this.visible = true; this.stale = false;
+      this.box.chart = this; onScreen.observe(this.box);
+    }
+    refresh() {  // a live update: zoomed-in charts stay put, charts out of view wait until they are seen
+      if (this.range) return Promise.resolve();
+      if (!this.visible) { this.stale = true; return Promise.resolve(); }
+      return this.load();
     }
     async load() {
       const q = new URLSearchParams(this.opts.query(this.metric));
@@ -140,29 +220,59 @@
         (this.range ? ` · steps ${Math.floor(this.range[0])}–${Math.ceil(this.range[1])}` : "");
       this.draw();
     }
+    series(xmode) {
+      // The answer as {key: {x, y}} on the chosen axis, and the step <-> x map for marks and zoom.
+      if (xmode !== "time") { this.map = IDENTITY; return this.raw; }
+      const out = {}, pairs = [];
+      for (const k of this.keys) {
+        const s = this.raw[k]; if (!s) continue;
+        let origin = this.opts.origin(k);
+        if (origin == null) origin = Math.min(...s.t.filter((t) => t != null));
+        const x = [], y = [];
+        s.x.forEach((step, i) => {
+          if (s.t[i] == null) return;
+          x.push(s.t[i] - origin); y.push(s.y[i]); pairs.push([step, s.t[i] - origin]);
+        });
+        out[k] = { x, y };
+      }
+      this.map = new StepTime(pairs);
+      return out;
+    }
     draw() {
-      const { log, smooth, label } = this.opts.view();
-      const data = align(this.raw, this.keys, log, smooth);
-      const sig = this.keys.join("|") + "/" + log;
-      if (this.plot && this.sig === sig) { this.plot.setData(data, !this.range); if (this.range) this.plot.setScale("x", { min: this.range[0], max: this.range[1] }); this.overlay(); return; }
+      const { log, smooth, label, style, xmode } = this.opts.view();
+      const data = align(this.series(xmode), this.keys, log, smooth);
+      this.box.dataset.xmode = xmode;
+      const sig = this.keys.join("|") + "/" + log + "/" + xmode;
+      const zoom = () => {  // a zoomed chart shows its range (on the time axis, as far as points go)
+        const xs = data[0];
+        if (!this.range || !xs.length) return;
+        const [a, b] = this.range.map((step) => this.map.toX(step));
+        this.plot.setScale("x", { min: isFinite(a) ? a : xs[0], max: isFinite(b) ? b : xs[xs.length - 1] });
+      };
+      if (this.plot && this.sig === sig) { this.plot.setData(data, !this.range); zoom(); this.overlay(); return; }
       if (this.plot) this.plot.destroy();
       this.sig = sig;
       const width = Math.max(320, this.box.clientWidth - 18);
-      const self = this;
+      const self = this, time = xmode === "time";
+      const xAxis = time ? { label: "wall time since the run started", size: 36, values: timeTicks } : { label: "step", size: 36 };
       this.plot = new uPlot({
         width, height: 220,
         scales: { x: { time: false }, y: log ? { distr: 3 } : {} },
         axes: [
-          { label: "step", size: 36 },
+          xAxis,
           { label: this.metric + (UNITS[this.metric] ? ` (${UNITS[this.metric]})` : ""), size: 64, values: (u, splits) => splits.map(tick) },
         ],
-        series: [{ label: "step", value: (u, v) => (v == null ? "--" : self.stepLabel(v)) }, ...this.keys.map((k, i) => ({ label: label(k), stroke: PALETTE[i % PALETTE.length], width: 1.25, spanGaps: true, points: { show: false } }))],
+        series: [
+          { label: time ? "time" : "step", value: (u, v) => (v == null ? "--" : self.xLabel(v, time)) },
+          ...this.keys.map((k, i) => ({ label: label(k), width: 1.25, spanGaps: true, points: { show: false }, ...style(k, i) })),
+        ],
         cursor: { drag: { x: true, y: false } },
         legend: { live: true },
         hooks: {
           setSelect: [(u) => {
             if (u.select.width < 3) return;
-            self.range = [u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x")];
+            const [a, b] = [u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x")];
+            self.range = self.map.stepsIn(a, b);
             u.setSelect({ left: 0, width: 0, top: 0, height: 0 }, false);
             self.load();
           }],
@@ -170,38 +280,43 @@
           setCursor: [(u) => self.hover(u)],
         },
       }, data, this.plotBox);
+      zoom();
       if (state.firstChart === null) state.firstChart = performance.now();
     }
-    stepLabel(step) {
-      const t = this.times && this.times.get(step);
-      return t ? `${step} · ${new Date(t * 1000).toLocaleString()}` : String(step);
+    xLabel(v, time) {
+      if (time) return `${duration(v)} · step ${Math.round(this.map.toStep(v))}`;
+      const t = this.times && this.times.get(v);
+      return t ? `${v} · ${new Date(t * 1000).toLocaleString()}` : String(v);
     }
     setMarks(episodes, events) { this.episodes = episodes; this.events = events; this.overlay(); }
     overlay() {
       const u = this.plot; if (!u) return;
       u.over.querySelectorAll(".episode, .event").forEach((n) => n.remove());
-      const [xmin, xmax] = [u.scales.x.min, u.scales.x.max];
+      const [xmin, xmax] = [u.scales.x.min, u.scales.x.max], at = (step) => this.map.toX(step);
       for (const ep of this.episodes) {
-        if (ep.last_step < xmin || ep.first_step > xmax) continue;
-        const left = Math.max(0, u.valToPos(Math.max(ep.first_step, xmin), "x"));
-        const right = u.valToPos(Math.min(ep.last_step, xmax), "x");
+        const [first, last] = [at(ep.first_step), at(ep.last_step)];
+        if (last < xmin || first > xmax) continue;
+        const left = Math.max(0, u.valToPos(Math.max(first, xmin), "x"));
+        const right = u.valToPos(Math.min(last, xmax), "x");
         const band = el("div", { class: `episode sev-${ep.severity}`, "data-episode": ep.episode, title: `${ep.detector}: ${ep.message}` });
         band.style.left = left + "px"; band.style.width = Math.max(4, right - left) + "px";
         u.over.append(band);
       }
       for (const ev of this.events) {
-        if (ev.step < xmin || ev.step > xmax) continue;
+        const x = at(ev.step);
+        if (x < xmin || x > xmax) continue;
         const bad = ev.kind === "checkpoint" && ev.detail && ev.detail.includes('"ok":false');
         const mark = el("div", { class: "event" + (bad ? " bad" : ""), "data-kind": ev.kind, title: `${ev.kind} @ ${ev.step}` });
-        mark.style.left = u.valToPos(ev.step, "x") + "px";
+        mark.style.left = u.valToPos(x, "x") + "px";
         u.over.append(mark);
       }
     }
     hover(u) {
       const left = u.cursor.left;
       if (left == null || left < 0) { this.tip.style.display = "none"; return; }
-      const step = u.posToVal(left, "x");
-      const slack = (u.scales.x.max - u.scales.x.min) / 200;
+      // Within 1/200 of the visible width (as steps), so a one-step band is easy to hit.
+      const step = this.map.toStep(u.posToVal(left, "x"));
+      const slack = Math.abs(this.map.toStep(u.scales.x.max) - this.map.toStep(u.scales.x.min)) / 200;
       const hits = this.episodes.filter((ep) => step >= ep.first_step - slack && step <= ep.last_step + slack).map((ep) => `${ep.severity} · ${ep.detector}: ${ep.message}`);
       hits.push(...this.events.filter((ev) => Math.abs(ev.step - step) <= slack).map((ev) => `${ev.kind} @ step ${ev.step}`));
       if (!hits.length) { this.tip.style.display = "none"; return; }
@@ -213,6 +328,19 @@
       this.tip.style.left = (room > this.tip.offsetWidth ? x + 12 : Math.max(0, x - this.tip.offsetWidth - 12)) + "px";
       this.tip.style.top = "40px";
     }
+  }
+
+  function xAxisToggle(charts) {
+    // The step/wall-time select, kept in the address (?x=time) so a shared link opens the same view.
+    const select = document.getElementById("xaxis");
+    if (params.get("x") === "time") select.value = "time";
+    select.addEventListener("change", () => {
+      const url = new URL(location.href);
+      if (select.value === "time") url.searchParams.set("x", "time"); else url.searchParams.delete("x");
+      history.replaceState(null, "", url);
+      charts().forEach((c) => c.draw());
+    });
+    return () => select.value;
   }
 
   // ---- pages -----------------------------------------------------------------------------------
@@ -260,6 +388,8 @@
     };
     addRanks(info.ranks);
     const logBox = document.getElementById("log"), smooth = document.getElementById("smooth");
+    const xmode = xAxisToggle(() => all);
+    let started = info.first_seen;  // every rank's wall time counts from the run's start
     const opts = {
       endpoint: "/api/series",
       query: (metric) => {
@@ -268,7 +398,11 @@
         return q;
       },
       keys: (ks) => ks.filter((k) => chosen.has(k)).sort((a, b) => a - b),
-      view: () => ({ log: logBox.checked, smooth: +smooth.value, label: (k) => "rank " + k }),
+      view: () => ({
+        log: logBox.checked, smooth: +smooth.value, xmode: xmode(), label: (k) => "rank " + k,
+        style: (k, i) => ({ stroke: PALETTE[i % PALETTE.length] }),
+      }),
+      origin: () => started,
     };
     const all = info.metrics.map((m) => new Chart(charts, m, opts));
     if (!all.length) charts.append(el("div", { class: "empty" }, "no metrics logged yet"));
@@ -287,36 +421,97 @@
     };
     await Promise.all(all.map((c) => c.load()));
     await marks();
+    // The run's row (status, ranks, metrics) is re-read when events came (a start, an end), or every
+    // INFO_EVERY_MS while steps come: it scans the whole run, and a new metric can wait that long.
+    let infoAt = performance.now();
     live(async (notice) => {
       if (notice.runs !== null && !notice.runs.includes(runId)) return;
-      const known = new Set(all.map((c) => c.metric));
-      const fresh = await getJSON("/api/run?id=" + encodeURIComponent(runId));
-      addRanks(fresh.ranks);
-      if (fresh.metrics.length && !known.size) charts.replaceChildren();  // the "no metrics yet" note
-      for (const m of fresh.metrics) if (!known.has(m)) all.push(new Chart(charts, m, opts));
-      status.textContent = fresh.status; status.className = "badge " + fresh.status;
-      await Promise.all(all.filter((c) => !c.range).map((c) => c.load()));
-      await marks();
+      if (notice.events || !all.length || performance.now() - infoAt > INFO_EVERY_MS) {
+        infoAt = performance.now();
+        const known = new Set(all.map((c) => c.metric));
+        const fresh = await getJSON("/api/run?id=" + encodeURIComponent(runId));
+        addRanks(fresh.ranks);
+        if (fresh.metrics.length && !known.size) charts.replaceChildren();  // the "no metrics yet" note
+        for (const m of fresh.metrics) if (!known.has(m)) all.push(new Chart(charts, m, opts));
+        status.textContent = fresh.status; status.className = "badge " + fresh.status;
+        started = fresh.first_seen;
+      }
+      await Promise.all(all.map((c) => c.refresh()));
+      if (notice.alerts || notice.events) await marks();
     });
   }
+
+  // Compare's series keys are "<rank>:<run id>" (a rank is digits, so the first ":" splits them).
+  function runOf(key) { return key.slice(key.indexOf(":") + 1); }
+  function rankOf(key) { return +key.slice(0, key.indexOf(":")); }
+  const DASHES = [[], [6, 3], [2, 3], [10, 3, 2, 3], [1, 6]];
 
   async function comparePage() {
     const picker = document.getElementById("picker"), select = document.getElementById("metric");
     const charts = document.getElementById("charts"), logBox = document.getElementById("log");
+    const ranksBox = document.getElementById("ranks");
     const runs = (await getJSON("/api/runs")).rows;
+    const byId = new Map(runs.map((r) => [r.run_id, r]));
     const chosen = new Set(params.getAll("id").slice(0, 10));
+    // Ranks: rank 0 of each run unless the address says ?ranks=0,1 or ?ranks=all.
+    const wanted = params.get("ranks") || "0";
+    const rankChoice = new Set(wanted === "all" ? [] : wanted.split(",").filter((r) => /^\d+$/.test(r)).map(Number));
+    let everyRank = wanted === "all";
     for (const m of ["loss", "grad_norm", "lr", "step_time", "reward", "entropy", "kl"]) select.append(el("option", { value: m }, m));
     if (params.get("metric")) { if (![...select.options].some((o) => o.value === params.get("metric"))) select.append(el("option", {}, params.get("metric"))); select.value = params.get("metric"); }
     let chart = null;
+    const xmode = xAxisToggle(() => (chart ? [chart] : []));
+    const remember = () => {  // the choice in the address, so the link reopens the same overlay
+      const url = new URL(location.href);
+      url.searchParams.delete("id"); chosen.forEach((r) => url.searchParams.append("id", r));
+      url.searchParams.set("metric", select.value);
+      const ranks = everyRank ? "all" : [...rankChoice].sort((a, b) => a - b).join(",");
+      if (ranks === "0") url.searchParams.delete("ranks"); else url.searchParams.set("ranks", ranks);
+      history.replaceState(null, "", url);
+    };
+    const rankBoxes = () => {
+      // One box per rank up to the widest chosen run (at most 32), and "all" for every rank of every run.
+      const most = Math.min(32, Math.max(1, ...[...chosen].map((r) => (byId.get(r) || {}).ranks || 1)));
+      ranksBox.replaceChildren(el("span", { class: "muted" }, "ranks "));
+      const all = el("input", { type: "checkbox", "data-rank": "all" }); all.checked = everyRank;
+      const allLabel = el("label"); allLabel.append(all, document.createTextNode(" all "));
+      for (let r = 0; r < most; r++) {
+        const label = el("label"), box = el("input", { type: "checkbox", "data-rank": r });
+        box.checked = everyRank || rankChoice.has(r); box.disabled = everyRank;
+        box.addEventListener("change", () => { box.checked ? rankChoice.add(r) : rankChoice.delete(r); redraw(); });
+        label.append(box, document.createTextNode(" " + r + " ")); ranksBox.append(label);
+      }
+      all.addEventListener("change", () => {
+        everyRank = all.checked;
+        if (!everyRank && !rankChoice.size) rankChoice.add(0);  // back from "all": rank 0, not nothing
+        rankBoxes(); redraw();
+      });
+      ranksBox.append(allLabel);
+    };
     const redraw = () => {
+      remember();
       charts.replaceChildren();
       if (!chosen.size) { charts.append(el("div", { class: "empty" }, "pick runs above")); return Promise.resolve(); }
+      if (!everyRank && !rankChoice.size) { charts.append(el("div", { class: "empty" }, "pick a rank above")); return Promise.resolve(); }
       const ids = [...chosen];
+      const nseries = ids.reduce((n, r) => n + (everyRank ? (byId.get(r) || {}).ranks || 1 : rankChoice.size), 0);
       chart = new Chart(charts, select.value, {
         endpoint: "/api/compare",
-        query: (metric) => { const q = new URLSearchParams({ metric }); ids.forEach((r) => q.append("id", r)); return q; },
-        keys: (ks) => ids.filter((r) => ks.includes(r)),
-        view: () => ({ log: logBox.checked, smooth: 0, label: (k) => k }),
+        query: (metric) => {
+          const q = new URLSearchParams({ metric, nseries });
+          ids.forEach((r) => q.append("id", r));
+          q.set("ranks", everyRank ? "all" : [...rankChoice].join(","));
+          return q;
+        },
+        keys: (ks) => ks.filter((k) => chosen.has(runOf(k)))
+          .sort((a, b) => ids.indexOf(runOf(a)) - ids.indexOf(runOf(b)) || rankOf(a) - rankOf(b)),
+        view: () => ({
+          log: logBox.checked, smooth: 0, xmode: xmode(),
+          label: (k) => `${runOf(k)} · rank ${rankOf(k)}`,
+          // A colour per run, a dash pattern per rank: the legend and the lines read the same way.
+          style: (k) => ({ stroke: PALETTE[ids.indexOf(runOf(k)) % PALETTE.length], dash: DASHES[rankOf(k) % DASHES.length] }),
+        }),
+        origin: (k) => (byId.get(runOf(k)) || {}).first_seen,  // each run from its own start
       });
       return chart.load();
     };
@@ -324,14 +519,16 @@
       const label = el("label", { class: "mono" }); const box = el("input", { type: "checkbox" }); box.checked = chosen.has(r.run_id);
       box.addEventListener("change", () => {
         if (box.checked && chosen.size >= 10) { box.checked = false; return; }
-        box.checked ? chosen.add(r.run_id) : chosen.delete(r.run_id); redraw();
+        box.checked ? chosen.add(r.run_id) : chosen.delete(r.run_id); rankBoxes(); redraw();
       });
       label.append(box, document.createTextNode(" " + r.run_id)); picker.append(label);
     }
     select.addEventListener("change", redraw); logBox.addEventListener("change", () => chart && chart.draw());
+    document.getElementById("reset").addEventListener("click", () => { if (chart) { chart.range = null; chart.load(); } });
+    rankBoxes();
     await redraw();
     live(async (notice) => {
-      if (chart && !chart.range && (notice.runs === null || notice.runs.some((r) => chosen.has(r)))) await chart.load();
+      if (chart && (notice.runs === null || notice.runs.some((r) => chosen.has(r)))) await chart.refresh();
     });
   }
 
