@@ -242,7 +242,7 @@ def test_select_runs_keeps_or_drops_whole_runs_and_leaves_the_batch_alone() -> N
 # ---- bounded state ------------------------------------------------------------------------
 
 GROUP, RANKS, STEPS = 100, 2, 8
-RUNS = 3_000
+SHORT_RUNS = 3_000
 """Short runs in the two tests below: 30 groups of 100, far more than any bound they assert lets live."""
 METRICS = ("loss", "grad_norm", "step_time", "reward", "entropy", "kl", "response_len")
 
@@ -293,7 +293,7 @@ def _ends(group: int, rank: int, now: float) -> list[tuple[Source, RunEnd]]:
 def test_thousands_of_short_runs_that_end_leave_no_state_behind() -> None:
     """Rank 0 ends one batch after the run's start, rank 1 one batch later: run-level state waits for both."""
     dets = detectors.build(load(None, env={}).detectors)
-    groups = RUNS // GROUP
+    groups = SHORT_RUNS // GROUP
     peak = dict.fromkeys(dets.tracked(), 0)
     for g in range(groups + 2):
         now = 1000.0 + 10.0 * g
@@ -311,13 +311,13 @@ def test_thousands_of_short_runs_that_end_leave_no_state_behind() -> None:
             assert "run-0-0" in straggler._runs, "rank 1 of run-0-0 is still live: its run-level state stays"
     assert dets.tracked() == dict.fromkeys(peak, 0)
     assert len(dets.runs) == 0
-    assert max(peak.values()) <= 3 * GROUP * RANKS, f"bounded by the runs live at once, not by {RUNS}: {peak}"
+    assert max(peak.values()) <= 3 * GROUP * RANKS, f"bounded by the runs live at once, not by {SHORT_RUNS}: {peak}"
 
 
 @pytest.mark.slow
 def test_thousands_of_runs_that_just_stop_are_forgotten_after_the_idle_horizon() -> None:
     dets = detectors.build(load(None, env={"VIGIL_DETECTORS_IDLE_FORGET_S": "100"}).detectors)
-    groups = RUNS // GROUP
+    groups = SHORT_RUNS // GROUP
     peak = dict.fromkeys(dets.tracked(), 0)
     now = 1000.0
     for g in range(groups):
@@ -329,7 +329,7 @@ def test_thousands_of_runs_that_just_stop_are_forgotten_after_the_idle_horizon()
     assert dets.tracked() == dict.fromkeys(peak, 0)
     assert len(dets.runs) == 0
     # Forgotten between 1 and 1.25 horizons (100-125 s) after their last record: at most 14 groups of 10 s live.
-    assert max(peak.values()) <= 2 * 14 * GROUP * RANKS, f"bounded by the horizon, not by {RUNS}: {peak}"
+    assert max(peak.values()) <= 2 * 14 * GROUP * RANKS, f"bounded by the horizon, not by {SHORT_RUNS}: {peak}"
 
 
 def test_run_tracker_ends_a_run_with_its_last_rank_and_a_restart_in_the_same_batch_keeps_it() -> None:
