@@ -7,6 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,12 @@ class Daemon:
         self.log = data_dir.parent / f"{data_dir.name}-daemon.log"
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (:meth:`wait_ready` then): daemons launched side by side
+        spend their start-up at the same time."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
@@ -78,6 +87,8 @@ class Daemon:
                 stderr=log,
                 env={**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000", **self.env},
             )
+
+    def wait_ready(self) -> None:
         wait_for(self._answers, 30, "the daemon to answer queries")
 
     def broker_args(self) -> list[str]:
@@ -113,6 +124,14 @@ class Daemon:
         return self.process.wait(30)
 
 
+def terminate_together(*daemons: Daemon) -> list[int]:
+    """SIGTERM to every daemon, then their exit codes: they drain and commit side by side."""
+    for d in daemons:
+        assert d.process is not None
+        d.process.send_signal(signal.SIGTERM)
+    return [d.process.wait(30) for d in daemons if d.process is not None]
+
+
 class SecuredDaemon(Daemon):
     """``vigil up --auth``: the bundled nats-server on a free port with the users and permissions it
     writes under ``DATA_DIR/bus``; :meth:`sql` asks as the reader (trusting ``tls_ca`` when given)."""
@@ -131,6 +150,22 @@ class SecuredDaemon(Daemon):
         return self.data_dir / "bus" / f"{role}.toml"
 
 
+@contextmanager
+def serving(root: Path, env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A nats-server and a daemon (``env``: more variables for it) of their own under ``root``, for a
+    module-scoped fixture whose tests only read what the daemon holds; both are stopped at the end."""
+    server = NatsServer(root / "jetstream")
+    server.start()
+    daemon = Daemon(server.url, root / "data", env=env)
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.kill()
+        server.stop()
+
+
 def run_producer(
     nats_url: str, run_id: str, rank: int, steps: int, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -144,6 +179,19 @@ def run_producer(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def vigil(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``vigil ARGS`` as a real process (its exit code is the one a shell sees); ``env``: its whole environment."""
+    command = [sys.executable, "-m", "trainvigil.daemon.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def vigil_together(*commands: Sequence[str], timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
+    """:func:`vigil` for each of ``commands``, started at once and awaited together (each process spends
+    about a second importing; side by side those seconds overlap); the results in the order given."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda args: vigil(*args, timeout=timeout), commands))
 
 
 def expected_loss(rank: int, step: int) -> float:

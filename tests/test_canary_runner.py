@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from support import Daemon, NatsServer, SecuredDaemon, run_producer, wait_for
+from support import Daemon, NatsServer, SecuredDaemon, run_producer, vigil, vigil_together, wait_for
 
 HERE = Path(__file__).parent
 MLP = f"python {HERE.parent / 'examples' / 'train_mlp.py'} --steps 80"
@@ -52,11 +52,6 @@ def _daemon(daemons: list[Daemon], nats_server: NatsServer, tmp_path: Path, *arg
     return d
 
 
-def _vigil(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "trainvigil.daemon.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-
-
 def _gone(pid: int) -> bool:
     """No such process, or only its zombie waiting for whoever adopted it."""
     try:
@@ -75,11 +70,11 @@ def _rows(data_dir: Path, sql: str) -> list[tuple[Any, ...]]:
 def test_canary_run_passes_nan_grad_on_the_supervised_workload_and_shows_it_in_metrics_and_list(
     daemons: list[Daemon], nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    d = _daemon(daemons, nats_server, tmp_path)
+    d = _daemon(daemons, nats_server, tmp_path, VIGIL_CANARY_LINGER_S="1")
     where = ["--nats", nats_server.url, "--data-dir", str(d.data_dir)]
-    # 20 000 steps would take minutes: the job is stopped linger_s (5 s) after non_finite paged.
-    done = _vigil("canary", "run", "--fault", "nan_grad", "--steps", "20000", "--fault-step", "100", *where,
-                  "--format", "json")  # fmt: skip
+    # 20 000 steps would take minutes: the job is stopped linger_s (1 s here, 5 s by default) after non_finite paged.
+    done = vigil("canary", "run", "--fault", "nan_grad", "--steps", "20000", "--fault-step", "100", *where,
+                 "--format", "json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert {k: result[k] for k in ("workload", "fault", "verdict", "fired_detector", "fault_step", "fired_step")} == {
@@ -102,7 +97,7 @@ def test_canary_run_passes_nan_grad_on_the_supervised_workload_and_shows_it_in_m
     assert 'vigil_canary_verdicts_total{fault="nan_grad",verdict="pass"} 1' in metrics
     assert 'vigil_canary_last_passed{fault="nan_grad"} 1' in metrics
     assert 'vigil_canary_last_timestamp_seconds{fault="nan_grad"}' in metrics
-    listed = _vigil("canary", "list", *where, "--format", "json")
+    listed = vigil("canary", "list", *where, "--format", "json")
     assert listed.returncode == 0, listed.stderr
     assert [(r["run_id"], r["verdict"]) for r in map(json.loads, listed.stdout.splitlines())] == [
         (result["name"], "pass")
@@ -136,8 +131,8 @@ def test_a_canary_whose_detector_is_switched_off_fails_and_its_canary_failed_pag
         reader.start()
     try:
         assert following.wait(30), "vigil alerts --follow subscribed"
-        done = _vigil("canary", "run", "--fault", "nan_grad", "--workload", "mlp", "--config", str(config),
-                      "--nats", nats_server.url, "--data-dir", str(d.data_dir))  # fmt: skip
+        done = vigil("canary", "run", "--fault", "nan_grad", "--workload", "mlp", "--config", str(config),
+                     "--nats", nats_server.url, "--data-dir", str(d.data_dir))  # fmt: skip
         assert done.returncode == 1, done.stderr
         assert "mlp nan_grad@50, expects non_finite" in done.stderr and "0 of 1 canaries passed" in done.stderr
         run_id = "canary-" + done.stdout.split("| canary-", 1)[1].split()[0]
@@ -151,7 +146,10 @@ def test_a_canary_whose_detector_is_switched_off_fails_and_its_canary_failed_pag
         assert (published["run_id"], published["severity"]) == (run_id, "page")
     finally:
         follow.send_signal(signal.SIGINT)
-        follow.wait(30)
+        try:
+            follow.wait(30)
+        finally:
+            follow.kill()  # a no-op once it exited; else its readers would keep pytest from ever exiting
         for reader in readers:
             reader.join(10)
         for pipe in (follow.stdout, follow.stderr):
@@ -278,12 +276,10 @@ def test_with_auth_on_a_canary_connects_as_an_agent_and_only_the_daemons_credent
     d.start()
     try:
         where = ["--config", str(config), "--nats", d.nats_url, "--data-dir", str(d.data_dir)]
-        refused = _vigil("canary", "run", "--fault", "nan_grad", "--workload", "mlp", *where,
-                         "--creds", str(d.creds("reader")))  # fmt: skip
+        run = ["canary", "run", "--fault", "nan_grad", "--workload", "mlp", *where, "--creds"]
+        refused, done = vigil_together([*run, str(d.creds("reader"))], [*run, str(d.creds("daemon"))])
         assert refused.returncode == 2, refused.stderr
         assert "does not let these credentials trigger canaries" in refused.stderr
-        done = _vigil("canary", "run", "--fault", "nan_grad", "--workload", "mlp", *where,
-                      "--creds", str(d.creds("daemon")))  # fmt: skip
         assert done.returncode == 0, done.stderr + d.log.read_text()[-3000:]
         assert said.read_text() == str(d.creds("agent").resolve()), "the agent's file, never the daemon's"
     finally:

@@ -28,7 +28,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from support import Daemon, NatsServer, wait_for
+from support import Daemon, NatsServer, terminate_together, wait_for
 
 from trainvigil.agents import faults
 from trainvigil.canary import WORKLOADS
@@ -157,9 +157,15 @@ class Stack:
         self.daemon = Daemon(self.nats.url, self.root / "data", env=env)
 
     def start(self) -> None:
+        self.boot()
+        self.daemon.wait_ready()
+
+    def boot(self) -> None:
+        """The broker started, the daemon launched (:meth:`Daemon.wait_ready` then): stacks launched side by side
+        start up at the same time."""
         self.root.mkdir()
         self.nats.start()
-        self.daemon.start()
+        self.daemon.launch()
 
     def launch(self, specs: dict[str, Spec]) -> dict[str, Canary]:
         canaries = {run_id: Canary(run_id, *spec, self.root / f"{run_id}.log") for run_id, spec in specs.items()}
@@ -179,6 +185,10 @@ class Stack:
 
     def close(self) -> None:
         assert self.daemon.terminate() == 0  # drains and commits: what follows is final
+        self.read()
+
+    def read(self) -> None:
+        """What the daemon stored, into ``phase`` (once it exited)."""
         with duckdb.connect(str(self.daemon.data_dir / "vigil.duckdb"), read_only=True) as con:
             for table, sql in _TABLES.items():
                 cursor = con.execute(sql + " order by t")
@@ -224,8 +234,10 @@ def time_phase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phase]:
     one = Stack(root, "slowdown", SLOWDOWN_WINDOWS, phase)
     two = Stack(root, "ranks", STRAGGLER_WINDOWS, phase)
     try:
-        one.start()
-        two.start()
+        one.boot()
+        two.boot()
+        one.daemon.wait_ready()
+        two.daemon.wait_ready()
         first, second = one.launch(SLOWDOWN_PHASE), two.launch(RANKS_PHASE)
         wait_for(lambda: _hung(one.daemon), 90, "the stalled run's hang page")
         stalled = first.pop("stall")
@@ -233,8 +245,9 @@ def time_phase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phase]:
         phase.codes["stall"] = stalled.proc.returncode if stalled.proc is not None else 0
         one.finish(first)
         two.finish(second)
-        one.close()
-        two.close()
+        assert terminate_together(one.daemon, two.daemon) == [0, 0]  # both drain and commit: what follows is final
+        one.read()
+        two.read()
         yield phase
     finally:
         one.stop()

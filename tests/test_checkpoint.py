@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -13,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from support import wait_for
+from support import NatsServer, vigil, wait_for
 
 from trainvigil import checkpoint
 from trainvigil.agents import digest as digest_mod
@@ -96,13 +94,15 @@ def _storage_record(path: Path, tensor: torch.Tensor) -> str:
         return next(i.filename for i in z.infolist() if "/data/" in i.filename and z.read(i) == want)
 
 
-def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=120
-    )
+@pytest.fixture
+def no_history(nats_server: NatsServer, tmp_path: Path) -> list[str]:
+    """Where ``vigil verify`` asks who saved a file: a broker no daemon listens on (its no-responders answer
+    comes at once, where a closed port costs the client seconds of retries) and a data directory with no
+    history, never a daemon a developer runs on the default port."""
+    return ["--nats", nats_server.url, "--data-dir", str(tmp_path / "no-history")]
 
 
-def test_flipped_byte_fails_load_and_vigil_verify_names_the_tensor(tmp_path: Path) -> None:
+def test_flipped_byte_fails_load_and_vigil_verify_names_the_tensor(tmp_path: Path, no_history: list[str]) -> None:
     path = tmp_path / "ckpt.pt"
     state = {"encoder.weight": torch.randn(64, 64), "decoder.weight": torch.randn(64, 64), "step": 7}
     saved = checkpoint.save(state, path, step=7)
@@ -110,14 +110,14 @@ def test_flipped_byte_fails_load_and_vigil_verify_names_the_tensor(tmp_path: Pat
     assert manifest["root"] == saved.root and manifest["step"] == 7
     assert set(manifest["entries"]) == {"encoder.weight", "decoder.weight", "step"}
 
-    ok = _vigil("verify", str(path))
+    ok = vigil("verify", str(path), *no_history)
     assert ok.returncode == 0, ok.stderr
     assert "OK" in ok.stdout
     loaded = checkpoint.load(path)
     assert torch.equal(loaded["encoder.weight"], state["encoder.weight"])
 
     _flip_byte_in_tensor(path, _storage_record(path, state["decoder.weight"]), 1234)
-    bad = _vigil("verify", str(path))
+    bad = vigil("verify", str(path), *no_history)
     assert bad.returncode == 1, (bad.stdout, bad.stderr)
     assert "decoder.weight" in bad.stdout and "encoder.weight" not in bad.stdout
     with pytest.raises(CheckpointIntegrityError) as err:
@@ -127,21 +127,21 @@ def test_flipped_byte_fails_load_and_vigil_verify_names_the_tensor(tmp_path: Pat
     assert checkpoint.load(path, verify=False)["step"] == 7, "verify=False is plain torch.load"
 
 
-def test_missing_manifest_exits_2_and_raises(tmp_path: Path) -> None:
+def test_missing_manifest_exits_2_and_raises(tmp_path: Path, no_history: list[str]) -> None:
     path = tmp_path / "plain.pt"
     torch.save({"w": torch.ones(3)}, path)
-    result = _vigil("verify", str(path))
+    result = vigil("verify", str(path), *no_history)
     assert result.returncode == 2, result.stderr
     assert "no manifest" in result.stderr
     with pytest.raises(ManifestMissingError):
         checkpoint.load(path)
 
 
-def test_unreadable_checkpoint_exits_1(tmp_path: Path) -> None:
+def test_unreadable_checkpoint_exits_1(tmp_path: Path, no_history: list[str]) -> None:
     path = tmp_path / "trunc.pt"
     checkpoint.save({"w": torch.ones(1000)}, path)
     path.write_bytes(path.read_bytes()[:200])
-    result = _vigil("verify", str(path))
+    result = vigil("verify", str(path), *no_history)
     assert result.returncode == 1 and "cannot be read" in result.stderr, result.stderr
 
 

@@ -10,20 +10,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import Daemon, NatsServer, wait_for
+from support import Daemon, NatsServer, vigil, vigil_together, wait_for
 
 pytest.importorskip("torch")
 
 TRAIN = """
 import sys, torch, trainvigil
 from trainvigil import checkpoint
-run_id, action, path = sys.argv[1], sys.argv[2], sys.argv[3]
+run_id, action, args = sys.argv[1], sys.argv[2], sys.argv[3:]
 with trainvigil.init(run_id=run_id):
-    if action == "save":
-        checkpoint.save({"w": torch.arange(16.0) * float(sys.argv[4])}, path, step=int(sys.argv[4]))
+    if action == "save":  # PATH STEP, PATH STEP ...: one run saving as it trains
+        for path, step in zip(args[::2], args[1::2]):
+            checkpoint.save({"w": torch.arange(16.0) * float(step)}, path, step=int(step))
     else:
         try:
-            checkpoint.load(path)
+            checkpoint.load(args[0])
         except Exception as exc:
             print(type(exc).__name__)
 """
@@ -34,11 +35,6 @@ def _train(nats_url: str, *args: str) -> str:
     done = subprocess.run([sys.executable, "-c", TRAIN, *args], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip()
-
-
-def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "trainvigil.daemon.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def _flip_last_byte_of_tensor_data(path: Path) -> None:
@@ -63,15 +59,19 @@ def test_the_registry_shows_saves_loads_failures_lineage_and_who_saved_a_file(
     d.start()
     try:
         first, second = tmp_path / "first.pt", tmp_path / "second.pt"
-        _train(nats_server.url, "pretrain", "save", str(first), "100")
-        _train(nats_server.url, "pretrain", "save", str(second), "200")
+        _train(nats_server.url, "pretrain", "save", str(first), "100", str(second), "200")
         assert _train(nats_server.url, "finetune", "load", str(first)) == ""  # resumed from step 100
         _flip_last_byte_of_tensor_data(second)
         assert _train(nats_server.url, "broken", "load", str(second)) == "CheckpointIntegrityError"
         wait_for(lambda: d.scalar("select count(*) from checkpoints") == 4, 30, "every digest stored")
 
-        where = ["--nats", nats_server.url, "--data-dir", str(d.data_dir), "--format", "json"]
-        listed = _vigil("checkpoints", *where)
+        where = ["--nats", nats_server.url, "--data-dir", str(d.data_dir)]
+        listed, one, checked, corrupt = vigil_together(
+            ["checkpoints", *where, "--format", "json"],
+            ["checkpoints", "finetune", *where, "--format", "json"],
+            ["verify", str(first), *where],
+            ["verify", str(second), *where],
+        )
         assert listed.returncode == 0, listed.stderr
         rows = [json.loads(line) for line in listed.stdout.splitlines()]
         shown = [(r["run_id"], r["origin"], r["step"], r["verified"], r["lineage"]) for r in rows]
@@ -81,13 +81,10 @@ def test_the_registry_shows_saves_loads_failures_lineage_and_who_saved_a_file(
             ("finetune", "load", 100, "ok", "pretrain step 100"),
             ("broken", "load", 200, "FAILED: differs from its manifest", "pretrain step 200"),
         ]
-        one = _vigil("checkpoints", "finetune", *where)
         assert [json.loads(line)["run_id"] for line in one.stdout.splitlines()] == ["finetune"]
 
-        checked = _vigil("verify", str(first), "--nats", nats_server.url, "--data-dir", str(d.data_dir))
         assert checked.returncode == 0, checked.stderr
         assert f"{first}: saved by run pretrain rank 0 at step 100" in checked.stdout
-        corrupt = _vigil("verify", str(second), "--nats", nats_server.url, "--data-dir", str(d.data_dir))
         assert corrupt.returncode == 1 and "MISMATCH" in corrupt.stdout
         assert "saved by run pretrain rank 0 at step 200" in corrupt.stdout  # the manifest's content: who wrote it
     finally:
@@ -102,6 +99,6 @@ def test_verify_without_a_daemon_or_history_still_gives_its_verdict(tmp_path: Pa
     path = tmp_path / "model.pt"
     checkpoint.save({"w": torch.ones(4)}, path, step=3)
     closed = "nats://127.0.0.1:1"  # nothing listens there
-    checked = _vigil("verify", str(path), "--nats", closed, "--data-dir", str(tmp_path / "none"))
+    checked = vigil("verify", str(path), "--nats", closed, "--data-dir", str(tmp_path / "none"))
     assert checked.returncode == 0 and "OK" in checked.stdout
     assert "who saved it is unknown" in checked.stderr

@@ -11,13 +11,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 import pytest
 import structlog
-from support import free_port
+from support import NatsServer, free_port
 
 from trainvigil.daemon.broker.embedded import supervise
 from trainvigil.daemon.store.writer import Store
@@ -38,10 +39,10 @@ class Case:
 class Setting:
     """What a case needs around it: free or held ports, a broker, a data directory someone holds."""
 
-    def __init__(self, tmp: Path, request: pytest.FixtureRequest) -> None:
+    def __init__(self, tmp: Path, closed: int, broker: Callable[[], NatsServer]) -> None:
         self.tmp = tmp
-        self.request = request
-        self.closed = free_port()
+        self.closed = closed
+        self._broker = broker
         self._cleanups: list[Callable[[], object]] = []
 
     def held_port(self) -> int:
@@ -53,7 +54,7 @@ class Setting:
         return int(sock.getsockname()[1])
 
     def broker(self) -> str:
-        return str(self.request.getfixturevalue("nats_server").url)
+        return self._broker().url
 
     def unreachable(self) -> str:
         return f"nats://127.0.0.1:{self.closed}"
@@ -162,29 +163,75 @@ CASES: dict[str, Callable[[Setting], Case]] = {
 }
 
 
-@pytest.fixture
-def setting(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Setting]:
-    s = Setting(tmp_path, request)
-    yield s
-    s.close()
+def _closed_ports(n: int) -> list[int]:
+    """``n`` distinct ports nothing listens on (all bound at once while chosen, so no two are the same)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_failure_is_one_line_with_the_documented_exit_code(name: str, setting: Setting) -> None:
-    case = CASES[name](setting)
+@dataclass(frozen=True)
+class Outcome:
+    """A case's process as it ended (``None``: still running at ``BOUND_S``, then killed) and its wall time."""
+
+    case: Case
+    done: subprocess.CompletedProcess[str] | None
+    took: float
+
+
+def _run(case: Case, setting: Setting) -> Outcome:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
     # Nothing here may touch the default broker port 4222 (a developer's daemon may run there).
     env.update({"VIGIL_CONNECT_TIMEOUT_S": "2", "VIGIL_EMBEDDED_PORT": str(setting.closed), **case.env})
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *case.argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=setting.tmp,
-        timeout=BOUND_S,
-    )
-    took = time.monotonic() - started
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "trainvigil.daemon.cli", *case.argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=setting.tmp,
+            timeout=BOUND_S,
+        )
+    except subprocess.TimeoutExpired:
+        done = None
+    return Outcome(case, done, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Outcome]]:
+    """Every case's ``vigil`` process, each in a setting of its own, all run at once: most of a case's time is
+    its interpreter starting or a connection being refused, and side by side those waits overlap."""
+    servers: list[NatsServer] = []
+
+    def broker() -> NatsServer:
+        if not servers:
+            servers.append(NatsServer(tmp_path_factory.mktemp("jetstream")))
+            servers[0].start()
+        return servers[0]
+
+    settings = [Setting(tmp_path_factory.mktemp("case"), closed, broker) for closed in _closed_ports(len(CASES))]
+    try:
+        cases = [make(setting) for make, setting in zip(CASES.values(), settings, strict=True)]
+        with ThreadPoolExecutor(len(cases)) as pool:
+            ended = dict(zip(CASES, pool.map(_run, cases, settings), strict=True))
+        yield ended
+    finally:
+        for setting in settings:
+            setting.close()
+        for server in servers:
+            server.stop()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_failure_is_one_line_with_the_documented_exit_code(name: str, outcomes: dict[str, Outcome]) -> None:
+    case, done, took = outcomes[name].case, outcomes[name].done, outcomes[name].took
+    assert done is not None, f"still running after {BOUND_S:g} s: {case.argv}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.returncode == case.code, done.stderr[-3000:]
     # Log lines (JSON: stderr is not a terminal) may come before; the message is the one other line.

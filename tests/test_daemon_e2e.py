@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import msgspec
 import nats
-from support import Daemon, NatsServer, finish, run_producer, wait_for
+from support import Daemon, NatsServer, finish, run_producer, vigil_together, wait_for
 
 from trainvigil.schemas import Envelope, RunEvent, Source, encode
 
@@ -57,37 +55,33 @@ def test_bad_messages_become_dead_letters_and_ingest_goes_on(daemon: Daemon, nat
     assert daemon.process is not None and daemon.process.poll() is None, "the daemon keeps running"
 
 
-def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=60
-    )
-
-
 def test_vigil_sql_refuses_writes_and_file_access(daemon: Daemon, nats_server: NatsServer, tmp_path: object) -> None:
     proc = run_producer(nats_server.url, "ro", 0, 100)
     finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'ro'") == 100, 30, "100 rows")
     target = f"{tmp_path}/x.csv"
-    for sql in [
+    writes = [
         "delete from steps",
         f"copy steps to '{target}'",
         "select * from read_csv('/etc/passwd')",
         "attach '/tmp/other.duckdb'",
         "install httpfs",
         "drop table steps",
-    ]:
-        result = _vigil("sql", sql, "--nats", nats_server.url)
+    ]
+    refused = vigil_together(*[["sql", sql, "--nats", nats_server.url] for sql in writes], timeout=60)
+    for sql, result in zip(writes, refused, strict=True):
         assert result.returncode == 1, (sql, result.stdout, result.stderr)
         assert "refused" in result.stderr, result.stderr
     assert daemon.scalar("select count(*) from steps where run_id = 'ro'") == 100
     assert not __import__("os").path.exists(target)
 
-    ok = _vigil(
-        "sql", "select run_id, count(*) as n from steps group by 1", "--nats", nats_server.url, "--format", "csv"
+    ok, runs = vigil_together(
+        ["sql", "select run_id, count(*) as n from steps group by 1", "--nats", nats_server.url, "--format", "csv"],
+        ["runs", "--nats", nats_server.url, "--format", "json"],
+        timeout=60,
     )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.splitlines() == ["run_id,n", "ro,100"]
-    runs = _vigil("runs", "--nats", nats_server.url, "--format", "json")
     assert runs.returncode == 0, runs.stderr
     row = msgspec.json.decode(runs.stdout.splitlines()[0])
     assert row["run_id"] == "ro" and row["steps"] == 100 and row["last_step"] == 99 and row["status"] == "ok"
@@ -99,19 +93,15 @@ def test_vigil_sql_reads_the_file_when_no_daemon_runs(daemon: Daemon, nats_serve
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'offline'") == 50, 30, "50 rows")
     assert daemon.terminate() == 0
     nats_server.stop()
-    result = _vigil(
-        "sql",
-        "select count(*) from steps",
-        "--nats",
-        nats_server.url,
-        "--data-dir",
-        str(daemon.data_dir),
-        "--format",
-        "csv",
+    where = ["--nats", nats_server.url, "--data-dir", str(daemon.data_dir)]
+    # Side by side: each reads the file read-only (DuckDB lets several processes share a read-only open).
+    result, refused = vigil_together(
+        ["sql", "select count(*) from steps", *where, "--format", "csv"],
+        ["sql", "delete from steps", *where],
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1] == "50"
-    refused = _vigil("sql", "delete from steps", "--nats", nats_server.url, "--data-dir", str(daemon.data_dir))
     assert refused.returncode == 1
 
 
@@ -145,14 +135,9 @@ def test_healthz_and_metrics(daemon: Daemon, nats_server: NatsServer) -> None:
 
 
 def test_cli_help_and_exit_codes() -> None:
-    for args in [["--help"], ["up", "--help"], ["sql", "--help"], ["runs", "--help"], ["demo", "--help"]]:
-        result = _vigil(*args)
+    helps = [["--help"], ["up", "--help"], ["sql", "--help"], ["runs", "--help"], ["demo", "--help"]]
+    *helped, bare, bad = vigil_together(*helps, [], ["up", "--config", "/nonexistent.toml"], timeout=60)
+    for args, result in zip(helps, helped, strict=True):
         assert result.returncode == 0 and "usage" in result.stdout, args
-    assert _vigil().returncode == 2
-    bad = subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", "up", "--config", "/nonexistent.toml"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    assert bare.returncode == 2
     assert bad.returncode == 2 and "does not exist" in bad.stderr

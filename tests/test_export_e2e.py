@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +11,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import Daemon, NatsServer, expected_loss, finish, run_producer, wait_for
+from support import (
+    Daemon,
+    NatsServer,
+    expected_loss,
+    finish,
+    run_producer,
+    serving,
+    vigil,
+    vigil_together,
+    wait_for,
+)
 
 from trainvigil.daemon.cli.main import EXIT_OK, EXIT_USAGE
 from trainvigil.daemon.cli.replay import batches, read_directory
@@ -24,12 +32,6 @@ STEPS, RANKS = 1500, 2  # 3000 rows against a row limit of 1000: at least three 
 STEP_COLUMNS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]  # the order of the steps table
 
 
-def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def _fill(daemon: Daemon, url: str) -> None:
     producers = [run_producer(url, "ex", rank, STEPS) for rank in range(RANKS)] + [run_producer(url, "other", 0, 50)]
     for proc in producers:
@@ -37,15 +39,17 @@ def _fill(daemon: Daemon, url: str) -> None:
     wait_for(lambda: daemon.scalar("select count(*) from steps") == STEPS * RANKS + 50, 60, "every step stored")
 
 
-@pytest.fixture
-def small_daemon(nats_server: NatsServer, tmp_path: Path) -> Iterator[Daemon]:
-    """A daemon whose answers hold 1000 rows at most, holding run ``ex`` (3000 steps) and ``other``."""
-    d = Daemon(nats_server.url, tmp_path / "data", env={"VIGIL_QUERY_ROW_LIMIT": "1000"})
-    d.start()
-    _fill(d, nats_server.url)
-    yield d
-    if d.process is not None and d.process.poll() is None:
-        d.kill()
+ROW_LIMIT = {"VIGIL_QUERY_ROW_LIMIT": "1000"}
+"""The small daemon's answers hold 1000 rows at most."""
+
+
+@pytest.fixture(scope="module")
+def small_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon with :data:`ROW_LIMIT` holding run ``ex`` (3000 steps) and ``other``, on a broker of its own: filled
+    once for the tests that only read it (each writes its export to a path of its own)."""
+    with serving(tmp_path_factory.mktemp("export"), ROW_LIMIT) as d:
+        _fill(d, d.nats_url)
+        yield d
 
 
 def _check_steps(rows: list[dict[str, object]]) -> None:
@@ -55,10 +59,8 @@ def _check_steps(rows: list[dict[str, object]]) -> None:
     assert all(r["loss"] == expected_loss(int(str(r["rank"])), int(str(r["step"]))) for r in rows)
 
 
-def test_csv_export_holds_every_row_of_the_run_past_the_row_limit(
-    small_daemon: Daemon, nats_server: NatsServer
-) -> None:
-    done = _vigil("export", "ex", "--nats", nats_server.url)
+def test_csv_export_holds_every_row_of_the_run_past_the_row_limit(small_daemon: Daemon) -> None:
+    done = vigil("export", "ex", "--nats", small_daemon.nats_url)
     assert done.returncode == EXIT_OK, done.stderr
     table = list(csv.DictReader(io.StringIO(done.stdout)))
     assert list(table[0]) == STEP_COLUMNS  # the table's columns, not the paging key
@@ -66,9 +68,9 @@ def test_csv_export_holds_every_row_of_the_run_past_the_row_limit(
     assert done.stderr.strip().endswith(f"exported {STEPS * RANKS} rows of run ex (steps) to stdout"), done.stderr
 
 
-def test_parquet_export_keeps_duckdbs_types(small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path) -> None:
+def test_parquet_export_keeps_duckdbs_types(small_daemon: Daemon, tmp_path: Path) -> None:
     target = tmp_path / "ex.parquet"
-    done = _vigil("export", "ex", "--format", "parquet", "-o", str(target), "--nats", nats_server.url)
+    done = vigil("export", "ex", "--format", "parquet", "-o", str(target), "--nats", small_daemon.nats_url)
     assert done.returncode == EXIT_OK, done.stderr
     table = pq.read_table(target)
     assert table.column_names == STEP_COLUMNS
@@ -86,7 +88,7 @@ def test_pages_cut_by_the_byte_budget_are_continued(nats_server: NatsServer, tmp
     d.start()
     try:
         _fill(d, nats_server.url)
-        done = _vigil("export", "ex", "--format", "csv", "--nats", nats_server.url)
+        done = vigil("export", "ex", "--format", "csv", "--nats", nats_server.url)
     finally:
         d.kill()
     assert done.returncode == EXIT_OK, done.stderr
@@ -94,8 +96,8 @@ def test_pages_cut_by_the_byte_budget_are_continued(nats_server: NatsServer, tmp
     _check_steps([{**r, "rank": int(r["rank"]), "step": int(r["step"]), "loss": float(r["loss"])} for r in table])
 
 
-def test_other_tables_export_by_their_own_key(small_daemon: Daemon, nats_server: NatsServer) -> None:
-    done = _vigil("export", "ex", "--table", "events", "--nats", nats_server.url)
+def test_other_tables_export_by_their_own_key(small_daemon: Daemon) -> None:
+    done = vigil("export", "ex", "--table", "events", "--nats", small_daemon.nats_url)
     assert done.returncode == EXIT_OK, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
     assert sorted((r["rank"], r["kind"]) for r in rows) == [
@@ -104,34 +106,37 @@ def test_other_tables_export_by_their_own_key(small_daemon: Daemon, nats_server:
     assert list(rows[0]) == ["run_id", "rank", "time", "kind", "step", "fields"]
 
 
-def test_an_unknown_run_is_a_clear_error_and_leaves_the_file_alone(
-    small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path
-) -> None:
+def test_an_unknown_run_is_a_clear_error_and_leaves_the_file_alone(small_daemon: Daemon, tmp_path: Path) -> None:
     target = tmp_path / "keep.csv"
     target.write_text("old contents\n")
-    done = _vigil("export", "no-such-run", "-o", str(target), "--nats", nats_server.url)
+    done = vigil("export", "no-such-run", "-o", str(target), "--nats", small_daemon.nats_url)
     assert done.returncode == EXIT_USAGE, done.stderr
     assert done.stderr == "vigil: run 'no-such-run' is not in the history; list the runs with `vigil runs`\n"
     assert target.read_text() == "old contents\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keep.csv")] == [], "no temp file left"
 
 
-def test_o_replaces_the_file_whole(small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path) -> None:
+def test_o_replaces_the_file_whole(small_daemon: Daemon, tmp_path: Path) -> None:
     target = tmp_path / "out.csv"
     target.write_text("old contents\n")
-    done = _vigil("export", "ex", "-o", str(target), "--nats", nats_server.url)
+    done = vigil("export", "ex", "-o", str(target), "--nats", small_daemon.nats_url)
     assert done.returncode == EXIT_OK and done.stdout == "", done.stderr
     assert len(target.read_text().splitlines()) == 1 + STEPS * RANKS
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
-def test_without_a_daemon_the_file_is_read(small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path) -> None:
-    assert small_daemon.terminate() == 0
+def test_without_a_daemon_the_file_is_read(nats_server: NatsServer, tmp_path: Path) -> None:
+    d = Daemon(nats_server.url, tmp_path / "data", env=ROW_LIMIT)  # its own: this test stops it
+    d.start()
+    try:
+        _fill(d, nats_server.url)
+    finally:
+        assert d.terminate() == 0
     nats_server.stop()
     target = tmp_path / "offline.parquet"
-    done = _vigil(
+    done = vigil(
         "export", "ex", "--format", "parquet", "-o", str(target),
-        "--nats", nats_server.url, "--data-dir", str(small_daemon.data_dir),
+        "--nats", nats_server.url, "--data-dir", str(d.data_dir),
     )  # fmt: skip
     assert done.returncode == EXIT_OK, done.stderr
     assert "no daemon answered" in done.stderr and "vigil.duckdb" in done.stderr
@@ -139,30 +144,27 @@ def test_without_a_daemon_the_file_is_read(small_daemon: Daemon, nats_server: Na
 
 
 def test_export_usage_errors_and_help(tmp_path: Path) -> None:
-    helped = _vigil("export", "--help")
+    usage = [(["--format", "parquet"], "-o FILE"), (["-o", str(tmp_path / "missing" / "x.csv")], "does not exist")]
+    where = ["--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path)]
+    helped, *done = vigil_together(["export", "--help"], *[["export", "ex", *args, *where] for args, _ in usage])
     assert helped.returncode == 0 and "usage: vigil export" in helped.stdout and "Exit 0" in helped.stdout
-    for args, says in [
-        (["--format", "parquet"], "-o FILE"),
-        (["-o", str(tmp_path / "missing" / "x.csv")], "does not exist"),
-    ]:
-        done = _vigil("export", "ex", *args, "--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path))
-        assert done.returncode == EXIT_USAGE and says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    for (_, says), refused in zip(usage, done, strict=True):
+        assert refused.returncode == EXIT_USAGE and says in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
 
 
-def test_an_exported_run_replays_with_its_events_and_heartbeats(
-    small_daemon: Daemon, nats_server: NatsServer, tmp_path: Path
-) -> None:
+def test_an_exported_run_replays_with_its_events_and_heartbeats(small_daemon: Daemon, tmp_path: Path) -> None:
     """``vigil export`` of steps, events and heartbeats into one directory, then ``vigil replay DIR``:
     the timestamps and the ``extra`` map come back as replay reads them, and the run ends as recorded."""
-    run = tmp_path / "ex"
+    run, where = tmp_path / "ex", ["--nats", small_daemon.nats_url]
     run.mkdir()
-    for table in ("steps", "events", "heartbeats"):
-        target = run / f"{table}.parquet"
-        done = _vigil(
-            "export", "ex", "--table", table, "--format", "parquet", "-o", str(target), "--nats", nats_server.url
-        )
+    exports = [
+        ["export", "ex", "--table", table, "--format", "parquet", "-o", str(run / f"{table}.parquet"), *where]
+        for table in ("steps", "events", "heartbeats")
+    ]
+    for done in vigil_together(*exports):
         assert done.returncode == EXIT_OK, done.stderr
-    replayed = _vigil("replay", str(run))
+    replayed = vigil("replay", str(run))
     assert replayed.returncode == EXIT_OK, replayed.stderr
     steps, records = read_directory(run)
     assert steps.num_rows == STEPS * RANKS

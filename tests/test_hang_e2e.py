@@ -14,12 +14,11 @@ from pathlib import Path
 from support import Daemon, NatsServer, wait_for
 
 SCRIPT = """
-import sys, threading, time, trainvigil
+import sys, time, trainvigil
 vigil = trainvigil.init(run_id="hung")
-release = threading.Event()
 
 def fake_all_reduce():
-    release.wait(float(sys.argv[1]))
+    sys.stdin.readline()  # blocked until the test has seen the page and lets it go, as peers release a collective
 
 for step in range(40):
     vigil.log(step, loss=1.0 / (step + 1), step_time=0.01)
@@ -43,14 +42,21 @@ def test_a_loop_blocked_in_a_live_process_pages_hang_with_its_stack_and_clears_w
     daemon.start()
     agent_env = {**os.environ, "VIGIL_NATS_URL": nats_server.url, "VIGIL_HEARTBEAT_INTERVAL": "0.5"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, "10"], env=agent_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", SCRIPT],
+        env=agent_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         row = wait_for(lambda: daemon.sql(ANOMALY).rows, 60, "the hang page")[0]
         state, step, severity, message = row
         assert (state, step, severity) == ("open", 39, "page"), row
         assert "heartbeats still arrive" in message and "fake_all_reduce" in message, message
-        # The loop moves again after 10 s: the episode clears, and the run ends cleanly.
+        # The loop moves again once let go: the episode clears, and the run ends cleanly.
+        assert proc.stdin is not None and proc.poll() is None, "still blocked, alive, when paged"
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
         wait_for(lambda: daemon.sql(ANOMALY).rows[0][0] == "cleared", 60, "the hang episode to clear")
         out, err = proc.communicate(timeout=60)
         assert b"closed True" in out, err.decode()[-2000:]

@@ -22,9 +22,11 @@ from trainvigil.schemas.query import QueryRequest, QueryResult, validate
 ROWS = 200
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "vigil.duckdb")
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """One store file for the module (opening one costs ~0.2 s): every test that could write compares
+    snapshots taken before and after, so a write that got through still fails the test that made it."""
+    s = Store(tmp_path_factory.mktemp("sandbox") / "vigil.duckdb")
     s.con.execute(
         "INSERT INTO steps (run_id, rank, step, time, loss) "
         f"SELECT 'r' || (i % 2), 0, i, TIMESTAMP '2024-01-01' + i * INTERVAL 1 SECOND, i * 0.5 FROM range({ROWS}) t(i)"

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Daemon, NatsServer, finish, run_producer, wait_for
+from support import Daemon, NatsServer, finish, run_producer, serving, vigil, wait_for
 
 from trainvigil.daemon.cli.sqlclient import ask_daemon
 from trainvigil.schemas.query import QueryRequest, QueryResult
@@ -19,10 +18,11 @@ from trainvigil.schemas.query import QueryRequest, QueryResult
 GiB = 2**30
 
 
-def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=60
-    )
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon on a broker of its own for the tests that ask it: none of them can change what it holds."""
+    with serving(tmp_path_factory.mktemp("sandbox")) as d:
+        yield d
 
 
 def _ask(daemon: Daemon, request: QueryRequest, timeout: float = 30) -> QueryResult:
@@ -44,11 +44,11 @@ def _alive(daemon: Daemon) -> bool:
     return daemon.process is not None and daemon.process.poll() is None and daemon.scalar("select 42") == 42
 
 
-def test_a_delete_hidden_in_a_cte_is_refused_and_deletes_nothing(daemon: Daemon, nats_server: NatsServer) -> None:
-    finish(run_producer(nats_server.url, "cte", 0, 100))
+def test_a_delete_hidden_in_a_cte_is_refused_and_deletes_nothing(daemon: Daemon) -> None:
+    finish(run_producer(daemon.nats_url, "cte", 0, 100))
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'cte'") == 100, 30, "100 rows")
-    result = _vigil(
-        "sql", "with x as (delete from steps returning *) select count(*) from x", "--nats", nats_server.url
+    result = vigil(
+        "sql", "with x as (delete from steps returning *) select count(*) from x", "--nats", daemon.nats_url, timeout=60
     )
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "refused" in result.stderr and "DELETE" in result.stderr
@@ -56,10 +56,10 @@ def test_a_delete_hidden_in_a_cte_is_refused_and_deletes_nothing(daemon: Daemon,
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the daemon's peak RSS from /proc")
-def test_memory_attacks_get_an_answer_and_the_daemon_stays_small(daemon: Daemon, nats_server: NatsServer) -> None:
+def test_memory_attacks_get_an_answer_and_the_daemon_stays_small(daemon: Daemon) -> None:
     for sql in ["select repeat('x', 600000) as s from range(10000)", "select list(i) from range(100000000) t(i)"]:
         started = time.monotonic()
-        result = _vigil("sql", sql, "--nats", nats_server.url, "--format", "csv")
+        result = vigil("sql", sql, "--nats", daemon.nats_url, "--format", "csv", timeout=60)
         assert time.monotonic() - started < 20
         # Either a cut answer (exit 4, said on stderr) or a clear error naming the budget (exit 1); never a
         # dead daemon. Either way stderr names the budget.
@@ -86,10 +86,11 @@ def test_beyond_query_concurrency_a_request_is_told_busy_at_once(
         slow: list[QueryResult] = []
 
         def run_slow() -> None:
-            # Until it gets the slot itself: under load a probe below may hold it when this one arrives.
+            # Until it gets the slot itself: under load a probe below may hold it when this one arrives. It holds
+            # the slot 4 s: dozens of probes' time, each asking every 50 ms.
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                answer = _ask(daemon, QueryRequest(sql="select sum(i) from range(100000000000) t(i)", timeout_s=8))
+                answer = _ask(daemon, QueryRequest(sql="select sum(i) from range(100000000000) t(i)", timeout_s=4))
                 if not answer.error.startswith("busy"):
                     slow.append(answer)
                     return
@@ -103,7 +104,7 @@ def test_beyond_query_concurrency_a_request_is_told_busy_at_once(
         )
         assert "query_concurrency" in busy.error
         worker.join(60)
-        assert slow and "interrupted after 8 s" in slow[0].error, slow
+        assert slow and "interrupted after 4 s" in slow[0].error, slow
         assert _alive(daemon)
     finally:
         daemon.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from typing import TextIO
 
@@ -90,4 +91,7 @@ def follow(url: str, run_id: str | None, fmt: str, out: TextIO = sys.stdout, acc
     Raises:
         DaemonUnavailableError: no broker answers at ``url``.
     """
+    # A shell script's background job (`vigil alerts --follow &`) starts with SIGINT ignored, and Python then
+    # keeps ignoring it: Ctrl-C (or `kill -INT`) must still end the follow.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     asyncio.run(_follow(url, run_id, fmt, out, access))

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlsplit
 
 import duckdb
 import msgspec
@@ -13,6 +14,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from trainvigil.daemon.broker.embedded import port_open
 from trainvigil.daemon.cli._shard_plan import plan as shard_plan
 from trainvigil.daemon.cli.shardsql import Gathered, merge, roll_call, shard_ids
 from trainvigil.daemon.config import nats_servers
@@ -44,6 +46,16 @@ class _Connection:
         return next((why for exc in self.errors if (why := refusal(exc))), None)
 
 
+def _any_listens(servers: list[str]) -> bool:
+    """Whether anything accepts TCP connections at one of ``servers`` (a closed port answers at once)."""
+    for server in servers:
+        parts = urlsplit(server)
+        port = parts.port or (4222 if parts.scheme in ("nats", "tls") else None)
+        if not parts.hostname or port is None or port_open(parts.hostname, port, timeout=1.0):
+            return True  # a websocket URL without a port: let nats-py try it
+    return False
+
+
 async def _connect(url: str, access: BusAccess) -> _Connection | None:
     """A connection to the broker at ``url``, or ``None`` when none answers.
 
@@ -51,13 +63,16 @@ async def _connect(url: str, access: BusAccess) -> _Connection | None:
         ConfigError: the broker turned these credentials (or this TLS trust) away: said at once, since a
             wrong password would otherwise read as "no daemon" and fall back to the file.
     """
+    servers = nats_servers(url)
+    if not await asyncio.to_thread(_any_listens, servers):
+        return None  # refused at once: nats-py would retry a refused first connect until the 3 s bound
     conn = _Connection()
     nc = NATS()
     options = access.connect_options()
     try:
         await asyncio.wait_for(
             nc.connect(
-                nats_servers(url),
+                servers,
                 connect_timeout=1,
                 max_reconnect_attempts=0,
                 allow_reconnect=False,
