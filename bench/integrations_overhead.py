@@ -10,11 +10,15 @@ logs through it, as it does in a script that starts its own agent). The ratio is
 pairs of each pair's ratio of median step times (each script marks its framework's step ends with
 the same hook in both arms: ``examples/integrations/_common.py``); the ratio of whole training calls
 (``Trainer.train``'s ``train_runtime``; ``Trainer.fit`` and ``PPO.learn`` timed around the call) is
-printed beside it.
+printed beside it. nats-server and the daemon run on the machine's last core and the training on the
+others (``--shared`` leaves them together): on a 2-core machine the daemon ingesting the 'with' run
+took CPU from the training and its cost read as the integration's; a daemon is a sidecar with a core
+of its own.
 Target: <= 1.01.
 
     python bench/integrations_overhead.py                 # --repeats 5
     python bench/integrations_overhead.py --only sb3
+    python bench/integrations_overhead.py --shared        # the daemon on the training's cores too
 """
 
 from __future__ import annotations
@@ -61,15 +65,32 @@ def timed(framework: str, mode: str, run_id: str, tmp: Path, url: str) -> dict[s
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (threads it starts later inherit their creator's)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task), cpus)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="pairs of runs per framework")
     parser.add_argument("--only", choices=sorted(COMMANDS), action="append", help="one framework (repeatable)")
+    parser.add_argument("--shared", action="store_true",
+                        help="leave nats-server and the daemon on the training's cores (by default they get the last "
+                        "core and training the others: on a small machine the daemon's work for the 'with' run "
+                        "would otherwise count as the integration's)")  # fmt: skip
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-integrations-") as name, contextlib.ExitStack() as stack:
         tmp = Path(name)
         svc = start_services(stack, tmp)
+        cpus = sorted(os.sched_getaffinity(0))
+        if not args.shared and len(cpus) > 1:
+            for pid in (svc.nats.pid, svc.daemon.pid):
+                pin(pid, {cpus[-1]})
+            os.sched_setaffinity(0, set(cpus[:-1]))  # the training processes inherit it
+            print(f"  training on cpus {cpus[:-1]}, nats-server and the daemon on cpu {cpus[-1]}", flush=True)
         for framework in args.only or list(COMMANDS):
             step_ratios, total_ratios, steps = [], [], []
             for k in range(args.repeats):

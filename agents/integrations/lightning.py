@@ -83,14 +83,26 @@ class LightningLogger(Logger):
         _attached.end("error" if status == "failed" else "ok")
 
 
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global 2-norm of ``grads``: one fused per-tensor norm and one norm of those when every gradient
+    shares a device and dtype (the usual case: three ops, about half of ``get_total_norm``'s cost on a small
+    model's step), else ``get_total_norm``, which groups them."""
+    first = grads[0]
+    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
+
+
 class GradNormCallback(Callback):
     """Per optimizer step and rank: the pre-clip global grad norm and the step time (see the module's docstring)."""
 
     def __init__(self, run_id: str | None = None, **options: Any) -> None:
         self.run_id, self.options = run_id, options
         self._step_began = 0.0
+        self._params: list[torch.nn.Parameter] | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._params = None  # read again at the first step of this fit
         # The logger's run id and options when the callback was given none: one run, whoever starts it.
         ours = next((lg for lg in trainer.loggers if isinstance(lg, LightningLogger)), None)
         run_id = self.run_id or (ours.run_id if ours is not None else None)
@@ -105,12 +117,14 @@ class GradNormCallback(Callback):
         agent = current_agent()
         if agent is None:
             return
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if self._params is None:
+            self._params = list(pl_module.parameters())
+        grads = [p.grad for p in self._params if p.grad is not None]
         now = time.perf_counter()
         values: dict[str, Any] = {"step_time": now - self._step_began} if self._step_began else {}
         self._step_began = now
-        if grads:  # one fused norm, handed over as a tensor: the agent's thread reads it, the loop never syncs
-            values["grad_norm"] = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
+        if grads:  # handed over as a tensor: the agent's thread reads it, the loop never syncs
+            values["grad_norm"] = _total_norm(grads)
         agent.log(trainer.global_step, **values)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:

@@ -1,12 +1,13 @@
 """Stable-Baselines3: ``model.learn(total_timesteps, callback=trainvigil.integrations.SB3Callback())``.
 
 One row per rollout (on-policy: collect, then train), at step = the rollout's number: ``reward`` and
-``response_len`` (the mean return and length of the episodes that ended in it, from the ``Monitor``
-wrapper SB3 puts on every env), ``step_time`` (the wall time since the previous rollout ended) and
-``timesteps`` (env steps so far). The update that followed a rollout is logged at that rollout's
-step, with SB3's logger keys renamed to what the RL detectors read: ``train/approx_kl`` -> ``kl``
-(``kl_explode``), ``-train/entropy_loss`` -> ``entropy`` (``reward_hack``), ``train/learning_rate``
--> ``lr``, ``train/loss`` -> ``loss``, and ``clip_fraction``, ``explained_variance``, ``value_loss``,
+``response_len`` (the mean return and length of the episodes that ended in it, read from SB3's
+``ep_info_buffer``: at most its last 100, filled by the ``Monitor`` wrapper SB3 puts on every env),
+``step_time`` (the wall time since the previous rollout ended) and ``timesteps`` (env steps so far).
+The update that followed a rollout is logged at that rollout's step, with SB3's logger keys renamed
+to what the RL detectors read: ``train/approx_kl`` -> ``kl`` (``kl_explode``),
+``-train/entropy_loss`` -> ``entropy`` (``reward_hack``), ``train/learning_rate`` -> ``lr``,
+``train/loss`` -> ``loss``, and ``clip_fraction``, ``explained_variance``, ``value_loss``,
 ``pg_loss`` as they are. So ``reward_hack`` and ``kl_explode`` work with no configuration. The run
 ends with ``learn()``; a crash ends it ``error`` as any script's does.
 """
@@ -49,8 +50,7 @@ class SB3Callback(BaseCallback):
         self.run_id, self.config, self.options = run_id, config, options
         self._attached = Attached()
         self._rollout = 0
-        self._returns: list[float] = []
-        self._lengths: list[float] = []
+        self._last_episode: Any = None
         self._ended_at = 0.0
 
     def _on_training_start(self) -> None:
@@ -70,12 +70,17 @@ class SB3Callback(BaseCallback):
         self._ended_at = time.perf_counter()
 
     def _on_step(self) -> bool:
-        for info in self.locals.get("infos") or ():
-            episode = info.get("episode") if isinstance(info, dict) else None
-            if episode:
-                self._returns.append(float(episode["r"]))
-                self._lengths.append(float(episode["l"]))
-        return True
+        return True  # nothing per environment step: the episodes are read from SB3's own buffer per rollout
+
+    def _new_episodes(self) -> list[dict[str, Any]]:
+        """The episodes SB3 recorded (``ep_info_buffer``, its Monitor's ``episode`` infos) since the last call:
+        those after the last one seen, by identity (the buffer keeps the last 100)."""
+        buffer = list(getattr(self.model, "ep_info_buffer", None) or ())
+        last, self._last_episode = self._last_episode, buffer[-1] if buffer else None
+        for i in range(len(buffer) - 1, -1, -1):
+            if buffer[i] is last:
+                return buffer[i + 1 :]
+        return buffer
 
     def _on_rollout_end(self) -> None:
         agent = self._attached.agent
@@ -86,11 +91,10 @@ class SB3Callback(BaseCallback):
         now = time.perf_counter()
         row: dict[str, float] = {"step_time": now - self._ended_at, "timesteps": float(self.num_timesteps)}
         self._ended_at = now
-        if self._returns:
-            row["reward"] = float(np.mean(self._returns))
-            row["response_len"] = float(np.mean(self._lengths))
-            self._returns.clear()
-            self._lengths.clear()
+        episodes = self._new_episodes()
+        if episodes:
+            row["reward"] = float(np.mean([float(e["r"]) for e in episodes]))
+            row["response_len"] = float(np.mean([float(e["l"]) for e in episodes]))
         agent.log(self._rollout, **row)
 
     def _log_update(self) -> None:
