@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import queue
 import signal
@@ -17,7 +18,7 @@ import msgspec
 import nats
 import pytest
 from hooks import HANG, hook_server
-from support import HERE, Daemon, NatsServer, finish, wait_for
+from support import HERE, Daemon, NatsServer, finish, vigil, wait_for
 
 from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, decode, encode
 
@@ -34,10 +35,7 @@ def _train(url: str, run_id: str, steps: int, *nan_at: int) -> subprocess.Popen[
     )
 
 
-def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=60
-    )
+_vigil = functools.partial(vigil, timeout=60)
 
 
 def _metric(daemon: Daemon, prefix: str) -> float:

@@ -7,6 +7,7 @@ real agents in separate processes (``tests/cluster_producer.py``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 import duckdb
 import nats
 import pytest
+import support
 from _cluster import NatsCluster
 from support import HERE, Daemon, wait_for
 
@@ -63,10 +65,8 @@ class ShardDaemon(Daemon):
         return result
 
 
-def vigil(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The ``vigil`` command line as a user runs it."""
-    cmd = [sys.executable, "-m", "trainvigil.daemon.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ})
+vigil = functools.partial(support.vigil, timeout=60)
+"""The ``vigil`` command line as a user runs it."""
 
 
 def across(url: str, sql: str) -> QueryResult:

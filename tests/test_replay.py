@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support import vigil
 
 from trainvigil.daemon.cli.replay import batches, read_recording, replay_table
 from trainvigil.daemon.config import load
@@ -136,10 +138,7 @@ def _write(rows: list[dict[str, object]], path: Path) -> None:
         path.write_text(",".join(names) + "\n" + "\n".join(cells) + "\n")
 
 
-def _vigil(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *args], capture_output=True, text=True, timeout=60
-    )
+_vigil = functools.partial(vigil, timeout=60)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
