@@ -25,6 +25,8 @@ from trainvigil.schemas.shards import MAX_SHARDS, ShardId, parse_shard
 from trainvigil.schemas.subjects import STREAM_SUBJECTS
 
 _NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+QUERY_ROW_LIMIT = 10_000
+"""``query_row_limit``'s default: rows one answer holds unless the request names fewer (or ``--limit`` more)."""
 
 
 def _require(key: str, value: object, rule: str, ok: bool) -> None:
@@ -401,7 +403,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fetch_batch: int = 1024
     fetch_max_bytes: int = 8 * 2**20
     fetch_timeout_s: float = 0.25
-    query_row_limit: int = 10_000
+    query_row_limit: int = QUERY_ROW_LIMIT
     query_timeout_s: float = 30.0
     query_max_bytes: int = 16 * 2**20
     query_memory_bytes: int = 512 * 2**20

@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from trainvigil.daemon.broker.embedded import port_open
 from trainvigil.daemon.cli._shard_plan import plan as shard_plan
 from trainvigil.daemon.cli.shardsql import Gathered, merge, roll_call, shard_ids
-from trainvigil.daemon.config import nats_servers
+from trainvigil.daemon.config import QUERY_ROW_LIMIT, nats_servers
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
 from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError
 from trainvigil.schemas import QUERY_SUBJECT
@@ -26,8 +26,6 @@ from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, va
 from trainvigil.schemas.shards import ShardId
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
-DEFAULT_ROW_LIMIT = 10_000
-"""A merged answer's rows when the request names no limit (the daemon's default ``query_row_limit``)."""
 
 
 class _Connection:
@@ -286,7 +284,7 @@ class QuerySource:
         if not gathered.answers:
             raise DaemonUnavailableError(f"no shard answered at {self.nats_url}: {gathered.warning()}")
         self.where = f"{len(gathered.answers)} of {count} shards at {self.nats_url}"
-        return merge(plan, gathered, request.limit or DEFAULT_ROW_LIMIT, self.timeout, request.max_bytes)
+        return merge(plan, gathered, request.limit or QUERY_ROW_LIMIT, self.timeout, request.max_bytes)
 
 
 def query(

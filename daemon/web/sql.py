@@ -12,12 +12,13 @@ from typing import Any
 
 import msgspec
 
+from trainvigil.daemon.config import QUERY_ROW_LIMIT
 from trainvigil.schemas import KNOWN_METRICS
 
 MAX_POINTS = 2000
 """Points per series at most: every bucket contributes its minimum and its maximum."""
-MAX_ROWS = 10_000
-"""Bucket rows one series answer may hold (``query_row_limit``'s default)."""
+MAX_ROWS = QUERY_ROW_LIMIT
+"""Rows one answer of the web view may hold (``query_row_limit``'s default)."""
 _CHRONO = "coalesce(updated_at, time)"
 _steps = msgspec.json.Decoder(list[int]).decode
 _values = msgspec.json.Decoder(list[float]).decode
