@@ -42,6 +42,28 @@ log = logging.getLogger("trainvigil.torch")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
+def per_tensor_norms(grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
+    """The L2 norm of each dense tensor of ``grads``, in float32 on the first one's device: one fused kernel
+    per (device, dtype), no host sync. Returns the norms and, for each, its index in ``grads`` (they come
+    grouped by device and dtype); ``None`` when none is dense. ``vector_norm`` of the result is the global norm.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, g in enumerate(grads):
+        if not g.is_sparse:
+            groups.setdefault((g.device, g.dtype), []).append(i)
+    if not groups:
+        return None
+    parts, order = [], []
+    target = next(iter(groups))[0]
+    for (_, dtype), members in groups.items():
+        # Half-precision norms are taken in float32; float64 ones cannot be narrowed by the kernel.
+        wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
+        norms = torch._foreach_norm([grads[i].detach() for i in members], 2, dtype=wide)
+        parts.append(torch.stack(norms).to(target, dtype=torch.float32, non_blocking=True))
+        order.extend(members)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)), order
+
+
 def _clean(name: str) -> str:
     changed = True
     while changed:
@@ -150,26 +172,13 @@ class Watch:
             self._per_param, self._per_names = per_param, names
 
     def _per_param_norms(self) -> tuple[torch.Tensor | None, list[str]]:
-        """Per-parameter L2 norms in float32 on one device: one fused kernel per (device, dtype)."""
-        groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[str]]] = {}
-        for p, name in zip(self._params, self._names, strict=True):
-            g = p.grad
-            if g is None or g.is_sparse:
-                continue
-            grads, names = groups.setdefault((g.device, g.dtype), ([], []))
-            grads.append(g.detach())
-            names.append(name)
-        if not groups:
+        """Per-parameter L2 norms (:func:`per_tensor_norms`) and the parameters' names in their order."""
+        present = [(p.grad, name) for p, name in zip(self._params, self._names, strict=True) if p.grad is not None]
+        found = per_tensor_norms([g for g, _ in present])
+        if found is None:
             return None, []
-        parts, order = [], []
-        target = next(iter(groups))[0]
-        for (_, dtype), (grads, names) in groups.items():
-            # Half-precision norms are taken in float32; float64 ones cannot be narrowed by the kernel.
-            wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
-            norms = torch._foreach_norm(grads, 2, dtype=wide)
-            parts.append(torch.stack(norms).to(target, dtype=torch.float32, non_blocking=True))
-            order.extend(names)
-        return (parts[0] if len(parts) == 1 else torch.cat(parts)), order
+        norms, order = found
+        return norms, [present[i][1] for i in order]
 
     def _scaled_step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         scaler = self._scaler

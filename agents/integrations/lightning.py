@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import Logger
 
 from trainvigil.agents.agent import Agent, current_agent
 from trainvigil.agents.integrations._attach import Attached, numbers
+from trainvigil.agents.torch_watch import per_tensor_norms
 
 RENAMED = {"train_loss": "loss", "lr-AdamW": "lr", "lr-Adam": "lr", "lr-SGD": "lr"}
 """Names Lightning users commonly log that the detectors know by another name."""
@@ -83,16 +84,6 @@ class LightningLogger(Logger):
         _attached.end("error" if status == "failed" else "ok")
 
 
-def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The global 2-norm of ``grads``: one fused per-tensor norm and one norm of those when every gradient
-    shares a device and dtype (the usual case: three ops, about half of ``get_total_norm``'s cost on a small
-    model's step), else ``get_total_norm``, which groups them."""
-    first = grads[0]
-    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    return torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
-
-
 class GradNormCallback(Callback):
     """Per optimizer step and rank: the pre-clip global grad norm and the step time (see the module's docstring)."""
 
@@ -123,8 +114,9 @@ class GradNormCallback(Callback):
         now = time.perf_counter()
         values: dict[str, Any] = {"step_time": now - self._step_began} if self._step_began else {}
         self._step_began = now
-        if grads:  # handed over as a tensor: the agent's thread reads it, the loop never syncs
-            values["grad_norm"] = _total_norm(grads)
+        norms = per_tensor_norms(grads)  # watch()'s fused per-tensor norms
+        if norms is not None:  # handed over as a tensor: the agent's thread reads it, the loop never syncs
+            values["grad_norm"] = torch.linalg.vector_norm(norms[0])
         agent.log(trainer.global_step, **values)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
