@@ -47,12 +47,18 @@ class ShardId:
     @property
     def subjects(self) -> list[str]:
         """What this shard's stream captures: the mapped subjects of its partition."""
-        return [f"{PREFIX}.{self.index}.*.{kind}" for kind in KINDS]
+        return partition_subjects(self.index)
 
     @property
     def query_subject(self) -> str:
         """Where this shard answers read-only SQL (the request/reply of ``vigil sql``)."""
         return f"{QUERY_SUBJECT}.shard.{self.index}"
+
+
+def partition_subjects(partition: int | str = "*") -> list[str]:
+    """The subjects the broker's mappings put a partition's records on, one per record kind:
+    ``vigil.v1.<partition>.<run>.<kind>`` (``"*"``: every partition's)."""
+    return [f"{PREFIX}.{partition}.*.{kind}" for kind in KINDS]
 
 
 def parse_shard(text: str) -> ShardId:

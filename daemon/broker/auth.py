@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import KINDS, PREFIX, QUERY_SUBJECT, STREAM_SUBJECTS
+from trainvigil.schemas import PREFIX, QUERY_SUBJECT, STREAM_SUBJECTS
 from trainvigil.schemas.credentials import Credentials, credentials_text, inbox_prefix, read_credentials
-from trainvigil.schemas.shards import partition_mappings
+from trainvigil.schemas.shards import partition_mappings, partition_subjects
 
 ACCOUNT = "VIGIL"
 ROLES = ("agent", "daemon", "reader")
@@ -59,7 +59,7 @@ def permissions(role: str, user: str, *, sharded: bool = False) -> dict[str, Any
     """
     inbox = f"{inbox_prefix(user)}.>"
     if role == "agent":
-        allow = [*STREAM_SUBJECTS, *(f"{PREFIX}.*.*.{kind}" for kind in KINDS if sharded)]
+        allow = [*STREAM_SUBJECTS, *(partition_subjects() if sharded else ())]
         publish = {"allow": allow, "deny": [f"{PREFIX}.alerts.>", f"{PREFIX}.ctl.>"]}
         return {"publish": publish, "subscribe": {"allow": [inbox]}}
     if role == "reader":
