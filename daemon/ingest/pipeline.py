@@ -398,7 +398,9 @@ class Ingest:
         ``discard = "new"`` the stream's limits then only count what the daemon still owes."""
         cfg = self.config.stream
         now = time.monotonic()
-        if not cfg.purge_committed or now < self._next_purge or self.store.last_seq <= self._purged_below + 1:
+        # Anything committed since the last purge is purged, one message too: the stream would otherwise keep
+        # two messages (the one kept at the last purge and the one after it) until the next commit.
+        if not cfg.purge_committed or now < self._next_purge or self.store.last_seq <= self._purged_below:
             return
         self._next_purge = now + PURGE_INTERVAL_S
         # Keep the last committed message: the stream's first sequence then never passes what the
