@@ -34,6 +34,8 @@ class QueryResult(msgspec.Struct, frozen=True):
     truncated: bool = False
     error: str = ""
     refused: bool = False
+    busy: bool = False
+    """Every ``query_concurrency`` slot was taken: nothing ran; ask again in a moment."""
     more: bool = False
     """On the wire: more parts of this answer follow (answers are split to fit NATS messages)."""
     note: str = ""

@@ -21,11 +21,11 @@ from trainvigil.daemon.cli.export import (
     output,
     page_sql,
     pages,
-    patient,
 )
+from trainvigil.daemon.cli.sqlclient import QuerySource
 from trainvigil.daemon.store.query import run_query
 from trainvigil.daemon.store.writer import Store
-from trainvigil.errors import QueryError
+from trainvigil.errors import QueryBusyError, QueryError
 from trainvigil.schemas.query import QueryResult
 
 RUN = "it's"  # a quote in the run id: literals must be escaped, not pasted
@@ -166,19 +166,26 @@ def test_progress_says_how_far_at_most_every_interval() -> None:
     ]
 
 
-def test_a_busy_daemon_is_waited_out_and_other_errors_are_not() -> None:
-    answers: list[Exception | QueryResult] = [QueryError("busy: 2 queries are running"), QueryResult(rows=[[1]])]
+def test_a_busy_daemon_is_waited_out_and_other_errors_are_not(tmp_path: Path) -> None:
+    answers: list[Exception | QueryResult] = []
 
-    def ask(sql: str, limit: int) -> QueryResult:
+    def ask_once(sql: str, limit: int) -> QueryResult:
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    assert patient(ask)("select 1", 1).rows == [[1]]
-    answers[:] = [QueryError("no such table"), QueryResult()]
-    with pytest.raises(QueryError, match="no such table"):
-        patient(ask)("select 1", 1)
-    answers[:] = [QueryError("busy: 2 queries are running")] * 3
-    with pytest.raises(QueryError, match="busy"):
-        patient(ask, patience_s=0.01)("select 1", 1)
+    source = QuerySource(nats_url="nats://127.0.0.1:1", data_dir=tmp_path, timeout=1.0)
+    source._ask_once = ask_once  # type: ignore[method-assign]  # the daemon's answers, one per ask
+    with source:
+        answers[:] = [QueryBusyError("busy: 2 queries are running")] * 2 + [QueryResult(rows=[[1]])]
+        assert source.ask("select 1", 1).rows == [[1]]
+        assert answers == []
+        answers[:] = [QueryError("no such table"), QueryResult()]
+        with pytest.raises(QueryError, match="no such table"):
+            source.ask("select 1", 1)
+        assert len(answers) == 1, "an error other than busy is not asked again"
+        source.busy_patience_s = 0.01
+        answers[:] = [QueryBusyError("busy: 2 queries are running")] * 3
+        with pytest.raises(QueryError, match="busy"):
+            source.ask("select 1", 1)

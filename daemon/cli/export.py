@@ -24,7 +24,6 @@ from trainvigil.errors import ConfigError, QueryError, VigilError
 from trainvigil.schemas.query import QueryResult
 
 _KEY_PREFIX = "__vigil_key"
-_BUSY_PATIENCE_S = 60.0
 
 
 class UnknownRunError(VigilError, LookupError):
@@ -105,28 +104,6 @@ def count_sql(table: Table, run_id: str) -> str:
 
 
 # ---- paging --------------------------------------------------------------------------------------
-
-
-def patient(ask: Ask, patience_s: float = _BUSY_PATIENCE_S) -> Ask:
-    """``ask`` that waits out a busy daemon (all ``query_concurrency`` slots taken) for ``patience_s``.
-
-    A long export must not fail because someone ran a query meanwhile; the daemon answers "busy" at once
-    rather than queueing, so the wait is here, doubling from 50 ms up to 2 s.
-    """
-
-    def ask_patiently(sql: str, limit: int) -> QueryResult:
-        deadline = time.monotonic() + patience_s
-        pause = 0.05
-        while True:
-            try:
-                return ask(sql, limit)
-            except QueryError as exc:
-                if not str(exc).startswith("busy") or time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(2 * pause, 2.0)
-
-    return ask_patiently
 
 
 def count_rows(ask: Ask, table: Table, run_id: str) -> int:

@@ -447,13 +447,16 @@ def _saved_by(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> int:
     import duckdb
 
-    from trainvigil.daemon.cli.export import TABLES, Progress, count_rows, export_rows, output, patient, target
+    from trainvigil.daemon.cli.export import TABLES, Progress, count_rows, export_rows, output, target
     from trainvigil.daemon.cli.sqlclient import QuerySource
 
     cfg, url, bus = _reader(args)
     table, path = TABLES[args.table], target(args.output, args.format)
-    with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=bus) as source:
-        ask = patient(source.ask)
+    source = QuerySource(
+        nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=bus, busy_patience_s=60.0
+    )
+    with source:
+        ask = source.ask
         try:
             total = count_rows(ask, table, args.run)  # the first query: it decides daemon or file
         except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database

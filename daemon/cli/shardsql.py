@@ -26,7 +26,7 @@ from nats.aio.client import Client as NATS
 
 from trainvigil.daemon.cli._shard_plan import PARTIALS, ShardPlan
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, run_query
-from trainvigil.errors import QueryError, QueryRefusedError
+from trainvigil.errors import QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas.query import QueryResult
 from trainvigil.schemas.shards import SHARDS_SUBJECT, ShardId
 
@@ -122,7 +122,7 @@ def merge(plan: ShardPlan, gathered: Gathered, limit: int, timeout: float, max_b
         if answer.refused:
             raise QueryRefusedError(f"shard {index}/{gathered.count}: {answer.error}")
         if answer.error:
-            raise QueryError(f"shard {index}/{gathered.count}: {answer.error}")
+            raise (QueryBusyError if answer.busy else QueryError)(f"shard {index}/{gathered.count}: {answer.error}")
     results = [gathered.answers[i] for i in sorted(gathered.answers)]
     first = results[0]
     con = duckdb.connect(":memory:")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -19,13 +20,15 @@ from trainvigil.daemon.cli._shard_plan import plan as shard_plan
 from trainvigil.daemon.cli.shardsql import Gathered, merge, roll_call, shard_ids
 from trainvigil.daemon.config import QUERY_ROW_LIMIT, nats_servers
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
-from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryError, QueryRefusedError
+from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
 from trainvigil.schemas.shards import ShardId
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
+BUSY_PATIENCE_S = 30.0
+"""How long a command waits out a busy daemon (every ``query_concurrency`` slot taken) by default."""
 
 
 class _Connection:
@@ -158,8 +161,10 @@ class QuerySource:
         timeout: float,
         max_bytes: int | None = None,
         access: BusAccess = ANONYMOUS,
+        busy_patience_s: float = BUSY_PATIENCE_S,
     ) -> None:
         self.nats_url = nats_url
+        self.busy_patience_s = busy_patience_s
         self.access = access
         self.path = Path(data_dir) / "vigil.duckdb"
         self.timeout = timeout
@@ -198,6 +203,10 @@ class QuerySource:
     def ask(self, sql: str, limit: int) -> QueryResult:
         """Run ``sql``; the answer holds at most ``limit`` rows (``truncated`` says when it was cut).
 
+        A busy daemon (it answers "busy" at once rather than queueing) is asked again, the pause
+        doubling from 50 ms up to 2 s, for at most ``busy_patience_s``: a command must not fail
+        because someone else's queries hold every slot for a moment.
+
         Raises:
             QueryRefusedError: not a read-only query, or ``limit``/``max_bytes`` below 1 (checked
                 before anything is sent).
@@ -206,6 +215,18 @@ class QuerySource:
                 that answered before stopped answering.
             duckdb.Error: the file cannot be opened (a daemon holds it, or it is not a database).
         """
+        deadline = time.monotonic() + self.busy_patience_s
+        pause = 0.05
+        while True:
+            try:
+                return self._ask_once(sql, limit)
+            except QueryBusyError:
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
+
+    def _ask_once(self, sql: str, limit: int) -> QueryResult:
         request = validate(QueryRequest(sql=sql, limit=limit, max_bytes=self.max_bytes))
         if self._con is None:
             result = self._ask_daemon(request)
@@ -213,7 +234,7 @@ class QuerySource:
                 if result.refused:
                     raise QueryRefusedError(result.error)
                 if result.error:
-                    raise QueryError(result.error)
+                    raise (QueryBusyError if result.busy else QueryError)(result.error)
                 return result
         if self._con is None:
             if not self.path.exists():

@@ -57,7 +57,8 @@ async def serve_queries(
                     except anyio.WouldBlock:
                         busy = QueryResult(
                             error=f"busy: {config.query_concurrency} queries are running (query_concurrency); "
-                            "try again in a moment"
+                            "try again in a moment",
+                            busy=True,
                         )
                         await _reply(nc, msg, busy, metrics, outcome="busy")
                         continue

@@ -44,6 +44,10 @@ class QueryError(VigilError):
     """A read-only SQL query failed while running (bad SQL, timeout, no such table)."""
 
 
+class QueryBusyError(QueryError):
+    """The daemon (or a shard) ran nothing: every ``query_concurrency`` slot was taken."""
+
+
 class StoreUnavailableError(VigilError):
     """The daemon's database cannot write (disk full, out of memory, I/O error); the batch was
     not committed. ``cause`` is ``disk_full``, ``out_of_memory`` or ``io_error``."""
