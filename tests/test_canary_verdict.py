@@ -207,7 +207,7 @@ def test_every_rank_must_end_before_the_data_counts_as_settled(store: Store) -> 
     [
         (Budget(steps=0), 0, 5.0, True),
         (Budget(steps=0), 1, 0.0, False),
-        (Budget(steps=60, seconds=60.0), 500, 30.0, True),  # a window is 30 steps *and* 30 s: late only past both
+        (Budget(steps=60, seconds=60.0), 500, 30.0, True),  # a window is N steps *and* S s: late only past both
         (Budget(steps=60, seconds=60.0), 500, 61.0, False),
         (Budget(seconds=10.0), None, 9.0, True),
         (Budget(), 10**6, 10.0**6, True),
@@ -223,7 +223,7 @@ def test_deadlines_follow_the_detector_settings() -> None:
     from trainvigil.daemon import config as config_mod
 
     cfg = config_mod.load(env={"VIGIL_DETECTORS_SLOWDOWN_MIN_SECONDS": "45"})
-    assert plan(cfg, RUN, "slowdown").budget == Budget(steps=60, seconds=90.0)
+    assert plan(cfg, RUN, "slowdown").budget == Budget(steps=40, seconds=90.0)  # 2 x min_steps (20), 2 x 45 s
     assert plan(cfg, RUN, "kl_explode").job.name == "rl"
     assert plan(cfg, RUN, "straggler").job.name == "two_rank"
 

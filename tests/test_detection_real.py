@@ -27,9 +27,18 @@ from trainvigil.schemas import Anomaly, RunStart, Source
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 RUNS = sorted(p.name for p in CORPUS.iterdir() if (p / "manifest.json").exists())
-JUDGED = ("grad_spike", "loss_spike", "kl_explode", "generalisation", "non_finite")
-"""Detectors held to zero false pages here (slowdown's step times were recorded on a shared
-machine, and reward_hack's exploit run logs a reward that is not yet trained on before its fault)."""
+JUDGED = (
+    "grad_spike",
+    "loss_spike",
+    "kl_explode",
+    "generalisation",
+    "non_finite",
+    "slowdown",
+    "straggler",
+    "reward_hack",
+)
+"""Detectors held to zero false pages here: every one that reads steps (the corpus was recorded on an
+idle machine, so its step times are the runs' own, not a neighbour's)."""
 
 
 def _fault(name: str) -> int | None:
@@ -70,6 +79,36 @@ def test_each_real_fault_is_caught_by_its_detector_within_budget(name: str, dete
     assert caught, f"{detector} missed {name}"
     assert caught[0].step is not None and caught[0].step - fault <= budget, (caught[0].step, fault)
     assert caught[0].severity == "page"
+
+
+def _seconds_to_catch(name: str, detector: str, env: dict[str, str]) -> float | None:
+    """Seconds from the fault to ``detector``'s first episode on the faulty rank after it, with settings ``env``."""
+    manifest = json.loads((CORPUS / name / "manifest.json").read_text())
+    fault = manifest["fault"]
+    table = pq.read_table(CORPUS / name / "steps.parquet")
+    caught = [
+        a
+        for a in replay_table(table, load(None, env=env))
+        if a.state == "open" and a.detector == detector and a.rank == (fault["rank"] or 0) and a.time >= fault["time"]
+    ]
+    return caught[0].time - fault["time"] if caught else None
+
+
+@pytest.mark.parametrize(
+    ("name", "detector", "budget_s"),
+    [("sup-digits-slowdown", "slowdown", 20.0), ("sup-digits-straggler", "straggler", 31.0)],
+)
+def test_a_slower_rank_in_a_short_real_run_is_caught_within_two_windows(
+    name: str, detector: str, budget_s: float
+) -> None:
+    """The supervised runs last ~27 s, the fault about halfway: two 10 s windows see it; two 30 s windows
+    (the defaults before) never filled after it. Straggler windows are sized in steps at the run's pace,
+    which the 1.55x slower rank walks in 15.5 s."""
+    seconds = _seconds_to_catch(name, detector, {})
+    assert seconds is not None and seconds <= budget_s, seconds
+    key = detector.upper()
+    old = {f"VIGIL_DETECTORS_{key}_MIN_SECONDS": "30", f"VIGIL_DETECTORS_{key}_MIN_STEPS": "30"}
+    assert _seconds_to_catch(name, detector, old) is None
 
 
 @pytest.mark.parametrize("name", ["ppo-cartpole-lr-x50", "ppo-acrobot-lr-x100"])

@@ -78,8 +78,9 @@ SPECS: tuple[RunSpec, ...] = (
     _ppo("ppo-cartpole-entropy-collapse", "CartPole-v1", "entropy_collapse", 700, expected=("reward_hack",),
          budget_steps=100, persistent=True, essential=True, seed=4),
     _sup("sup-digits-clean", essential=True),
-    _sup("sup-digits-slowdown", "slowdown", 5000, expected=("slowdown",), budget_s=120.0, persistent=True,
-         essential=True, note="budget: 2 windows of today's max(50 steps, 60 s)", seed=1),
+    _sup("sup-digits-slowdown", "slowdown", 5000, expected=("slowdown",), budget_s=20.0, persistent=True,
+         essential=True, note="budget: 2 windows of max(20 steps, 10 s); recorded idle, the run is ~27 s long",
+         seed=1),
     _gpt("gpt-clean", essential=True),
     _gpt("gpt-hang", "hang", 1000, expected=("hang",), budget_s=90.0, essential=True,
          note="the training thread blocks 150 s; heartbeats go on", seed=1),
@@ -100,8 +101,9 @@ SPECS: tuple[RunSpec, ...] = (
     _sup("sup-digits-poison", "poison", 6000, expected=("loss_spike", "grad_spike"), budget_steps=5,
          note="one corrupted batch late in training, where the loss is ~0.001", seed=2),
     _sup("sup-digits-nan", "nan", 5000, expected=("non_finite",), budget_steps=0, persistent=True, seed=3),
-    _sup("sup-digits-straggler", "straggler", 2000, expected=("straggler",), budget_s=120.0, ranks=2, fault_rank=1,
-         persistent=True, note="two processes of one run; rank 1 is 1.55x slower from the fault on", seed=4),
+    _sup("sup-digits-straggler", "straggler", 2000, expected=("straggler",), budget_s=31.0, ranks=2, fault_rank=1,
+         persistent=True, note="two processes of one run; rank 1 is 1.55x slower from the fault on; budget: 2 "
+         "windows, sized in steps (10 s at the run's pace), which the slow rank walks in 2 x 15.5 s", seed=4),
 )  # fmt: skip
 """Every recording, the essential ones first. Each run of a workload has its own seed, so the
 stretches before the faults are independent clean data, not copies of the clean run."""

@@ -2,9 +2,11 @@
 
 Score = the rank's reference speed (the ``reference_quantile`` of its recent healthy window
 medians of ``step_time``) / the current window median (1 = as fast as usual). A window is the
-last ``min_steps`` steps and ``min_seconds`` seconds, whichever is longer (30 and 30 s by
-default: 10 s windows paged 14 times on 54 000 healthy real steps recorded on a shared machine,
-30 s twice; the old 50 steps and 60 s caught a 1.4x slowdown in neither budget),
+last ``min_steps`` steps and ``min_seconds`` seconds, whichever is longer (20 and 10 s by
+default, so a 1.4x slowdown 11 s into a 27 s run is paged 12 s after it: 30 s windows missed it,
+and on the real-run corpus recorded on an idle machine 10 s windows raise nothing on 61 400
+healthy steps; on a machine shared with other jobs they page the real 1.3-2.7x slowdowns the
+neighbours cause, which 30 s windows mostly average away),
 judged every half window; checkpoint/eval steps are left out. A score below ``warn`` in two
 consecutive windows raises the alert, so one noisy window never does; its severity is the
 latest window's (below ``page``: page), because the window before may straddle the change.
@@ -26,8 +28,8 @@ from trainvigil.schemas import Anomaly
 
 class SlowdownSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "step_time"
-    min_steps: int = 30
-    min_seconds: float = 30.0
+    min_steps: int = 20
+    min_seconds: float = 10.0
     warn: float = 0.85
     page: float = 0.75
     reference_windows: int = 64

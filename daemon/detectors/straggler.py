@@ -1,7 +1,9 @@
 """``straggler``: one rank is slower than the fastest rank of its run over the same steps.
 
-A window spans at least ``min_steps`` steps and ``min_seconds`` seconds (sized once per run
-from its typical step time). Steps are cut into aligned half-window buckets, and each
+A window spans at least ``min_steps`` steps and ``min_seconds`` seconds (20 and 10 s by default,
+as ``slowdown``'s; sized once per run from its typical step time, so a rank 1.55x slower walks a
+window in 15.5 s: on the real-run corpus it is paged 20 s after it slowed). Steps are cut into
+aligned half-window buckets, and each
 rank's window is its last two buckets, judged as each bucket completes (windows slide by
 half a window, as in ``slowdown``). Each rank's median ``step_time`` over its window
 (checkpoint/eval steps left out) is compared with the fastest rank's over the same steps:
@@ -27,8 +29,8 @@ from trainvigil.schemas import Anomaly
 
 class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "step_time"
-    min_steps: int = 30
-    min_seconds: float = 30.0
+    min_steps: int = 20
+    min_seconds: float = 10.0
     warn: float = 0.85
     page: float = 0.75
     cooldown_buckets: int = 4
