@@ -16,7 +16,8 @@ from support import Daemon, NatsServer, wait_for
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "integrations"
 """The README's example scripts, run here with the sizes a test can afford."""
 HF = ["hf_trainer.py", "{tmp}", "--steps", "20", "--log-every", "5", "--save-every", "10", "--eval-every", "10"]
-LIGHTNING = ["lightning_regression.py", "{tmp}", "--epochs", "2", "--batches", "16", "--log-every", "4"]
+LIGHTNING = ["lightning_regression.py", "{tmp}", "--epochs", "2", "--batches", "16", "--log-every", "4",
+             "--grad-every", "1"]  # fmt: skip
 SB3 = ["sb3_ppo.py", "--timesteps", "2048", "--rollout", "256"]
 
 
@@ -104,3 +105,17 @@ def test_sb3_callback_maps_ppo_to_the_rl_detectors_names(daemon: Daemon, tmp_pat
         assert _count(daemon, run, name) == 8, f"{name} after every update"
     positive = f"select min(entropy) > 0 and min(kl) >= 0 from steps where run_id = '{run}' and entropy is not null"
     assert daemon.scalar(positive)
+
+
+def test_grad_norm_callback_logs_every_step_unless_that_costs_more_than_its_budget() -> None:
+    pytest.importorskip("lightning")
+    from trainvigil.agents.integrations.lightning import MAX_EVERY, GradNormCallback, stride
+
+    assert stride(20e-6, 10e-3, 0.005) == 1, "20 us of a 10 ms step is 0.2 %: every step"
+    assert stride(30e-6, 0.85e-3, 0.005) == 8, "30 us of a 0.85 ms step: every 8th keeps it under 0.5 %"
+    assert stride(1.0, 1e-3, 0.005) == MAX_EVERY
+    assert stride(1e-6, 0.0, 0.005) == MAX_EVERY, "a step that took no measurable time"
+    assert GradNormCallback().every == 1, "every step until it has measured itself"
+    assert GradNormCallback(every=4).every == 4
+    with pytest.raises(ValueError, match="every must be at least 1"):
+        GradNormCallback(every=0)

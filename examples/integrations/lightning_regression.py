@@ -70,6 +70,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=0, help="0: one linear layer")
     parser.add_argument("--log-every", type=int, default=4)
     parser.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: none)")
+    parser.add_argument(
+        "--grad-every",
+        type=int,
+        default=0,
+        help="GradNormCallback(every=N): log every N optimizer steps (0: as its budget allows)",
+    )
     args = parser.parse_args()
 
     times = StepTimes()
@@ -80,7 +86,8 @@ def main() -> None:
     if not args.without:
         from trainvigil.integrations import GradNormCallback, LightningLogger
 
-        kwargs = {"logger": LightningLogger(run_id=args.run_id), "callbacks": [Clock(times), GradNormCallback()]}
+        grad_norms = GradNormCallback(every=args.grad_every or None)
+        kwargs = {"logger": LightningLogger(run_id=args.run_id), "callbacks": [Clock(times), grad_norms]}
 
     torch.manual_seed(0)
     x = torch.randn(args.batches * args.batch, args.features)
