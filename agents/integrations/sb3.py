@@ -69,8 +69,17 @@ class SB3Callback(BaseCallback):
         agent.event("train_begin", step=self._rollout, framework="stable-baselines3")
         self._ended_at = time.perf_counter()
 
+    # Nothing per environment step: the episodes are read from SB3's own buffer per rollout. SB3 calls
+    # update_locals and on_step at every env step; BaseCallback's copy the rollout's ~30 locals and count,
+    # which this callback never reads (its step is the rollout's number, num_timesteps the model's).
+    def update_locals(self, locals_: dict[str, Any]) -> None:
+        pass
+
+    def on_step(self) -> bool:
+        return True
+
     def _on_step(self) -> bool:
-        return True  # nothing per environment step: the episodes are read from SB3's own buffer per rollout
+        return True
 
     def _new_episodes(self) -> list[dict[str, Any]]:
         """The episodes SB3 recorded (``ep_info_buffer``, its Monitor's ``episode`` infos) since the last call:
@@ -89,7 +98,7 @@ class SB3Callback(BaseCallback):
         self._log_update()  # the update after the previous rollout, if it logged one
         self._rollout += 1
         now = time.perf_counter()
-        row: dict[str, float] = {"step_time": now - self._ended_at, "timesteps": float(self.num_timesteps)}
+        row: dict[str, float] = {"step_time": now - self._ended_at, "timesteps": float(self.model.num_timesteps)}
         self._ended_at = now
         episodes = self._new_episodes()
         if episodes:
@@ -111,5 +120,6 @@ class SB3Callback(BaseCallback):
         agent = self._attached.agent
         if agent is not None:
             self._log_update()
-            agent.event("train_end", step=self._rollout, timesteps=self.num_timesteps, framework="stable-baselines3")
+            timesteps = self.model.num_timesteps
+            agent.event("train_end", step=self._rollout, timesteps=timesteps, framework="stable-baselines3")
         self._attached.end("ok")

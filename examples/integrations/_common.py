@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -35,21 +36,35 @@ def own_agent(args: argparse.Namespace) -> Any:
     return agent
 
 
+def agent_cpu_s() -> float | None:
+    """CPU seconds the agent's thread (``trainvigil-agent``) has used so far; ``None`` when there is none."""
+    for thread in threading.enumerate():
+        if thread.name == "trainvigil-agent" and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return None
+
+
 class StepTimes:
-    """Perf-counter marks at step ends; :meth:`report` prints their gaps' median and mean."""
+    """Perf-counter marks at step ends; :meth:`report` prints their gaps' median and mean, and the CPU the
+    agent's thread used between the first mark and the report (it shares the training's cores)."""
 
     def __init__(self) -> None:
         self.marks: list[float] = []
+        self.agent_cpu_from: float | None = None
 
     def mark(self) -> None:
+        if not self.marks:
+            self.agent_cpu_from = agent_cpu_s()
         self.marks.append(time.perf_counter())
 
     def report(self, seconds: float, agent: Any = None) -> None:
         """Close the script's own agent (an integration closes the one it started), then print the times."""
+        now = agent_cpu_s()
+        agent_cpu = None if now is None or self.agent_cpu_from is None else now - self.agent_cpu_from
         if agent is not None:
             agent.close()
         gaps = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
         median = statistics.median(gaps) if gaps else float("nan")
         mean = statistics.fmean(gaps) if gaps else float("nan")
         print(json.dumps({"seconds": seconds, "steps": len(gaps), "median_step_ms": 1e3 * median,
-                          "mean_step_ms": 1e3 * mean}))  # fmt: skip
+                          "mean_step_ms": 1e3 * mean, "agent_cpu_s": agent_cpu}))  # fmt: skip
