@@ -11,8 +11,8 @@ agent with the trainer's rank and world size.
 The training loop comes first: the callback times its own work and, when it would take more than
 ``budget`` (0.5 %) of a step, logs every k-th optimizer step only (``step_time`` then the mean over
 the k steps), k the smallest that keeps it within budget. A step of a few milliseconds or more is
-always logged; a CPU toy model whose Lightning step is 0.85 ms (the norm took 20-30 us of it) is
-logged every ~8th step. ``every=1`` logs every step whatever it costs.
+always logged; a CPU toy model whose Lightning step is 0.85 ms is logged every ~17th (a logged
+step's norm and log took 30-70 us of it in the loop). ``every=1`` logs every step whatever it costs.
 
 The run ends with ``fit``: ``ok``, or ``error`` when Lightning reports it failed. With an agent
 already started by ``trainvigil.init()``, that one is used.
