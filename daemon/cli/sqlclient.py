@@ -211,6 +211,7 @@ class QuerySource:
             QueryRefusedError: not a read-only query, or ``limit``/``max_bytes`` below 1 (checked
                 before anything is sent).
             QueryError: the query failed.
+            QueryBusyError: the daemon (or a shard) was still busy after ``busy_patience_s``.
             DaemonUnavailableError: no daemon answered and there is no database file, or the daemon
                 that answered before stopped answering.
             duckdb.Error: the file cannot be opened (a daemon holds it, or it is not a database).
