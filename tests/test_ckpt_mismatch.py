@@ -88,3 +88,42 @@ def test_a_rank_that_ends_first_is_not_paged_again_by_digests_that_arrive_after_
     feed(IngestBatch(checkpoints=[_parity("d", 1, 20, "odd2", world=2)], run_ends=[(rank1, RunEnd(time=30.0))]))
     feed(_batch(_parity("d", 0, 20, "y2", world=2)))  # rank 0 is slower: step 20 is judged after rank 1 ended
     assert [(a.rank, a.step) for a in pages] == [(1, 15)], pages
+
+
+def test_a_rank_whose_whole_run_arrives_first_is_still_compared_with_the_other() -> None:
+    """An agent that reached the broker late delivers its whole run at once: rank 0's digests and its
+    run_end came in one batch, rank 1's in the next. Rank 0's later steps alone are no reason to judge
+    its earlier ones without rank 1, and its end does not end a run whose rank 1 was not seen yet."""
+    from trainvigil.daemon import detectors
+    from trainvigil.daemon.config import DaemonConfig
+    from trainvigil.daemon.detectors import run_all
+    from trainvigil.schemas import RunEnd
+
+    dets = detectors.build(DaemonConfig().detectors)
+    roots = {0: ["a", "b", "c", "d", "e", "f"], 1: ["a", "b", "c", "X", "Y", "Z"]}  # rank 1 differs from step 15
+
+    def whole_run(rank: int) -> IngestBatch:
+        digests = [_parity("late", rank, 5 * k, roots[rank][k], world=2) for k in range(6)]
+        end = (Source(run_id="late", rank=rank, world_size=2), RunEnd(time=40.0 + rank))
+        return IngestBatch(checkpoints=digests, run_ends=[end], now=100.0 + rank)
+
+    first = run_all(dets, whole_run(0))
+    assert [a for a in first if a.detector == "ckpt_mismatch"] == [], "rank 1 not in yet"
+    assert dets.runs.ranks("late") == [], "rank 0 ended; the run waits for rank 1"
+    pages = [a for a in run_all(dets, whole_run(1)) if a.detector == "ckpt_mismatch" and a.state == "open"]
+    assert [(a.rank, a.step, a.severity) for a in pages] == [(1, 15, "page")]
+    assert dets.tracked()["ckpt_mismatch"] == 0, "both ranks ended: the run's parity state is gone"
+
+
+def test_a_run_waiting_for_ranks_never_seen_is_forgotten_after_the_idle_horizon() -> None:
+    from trainvigil.daemon import detectors
+    from trainvigil.daemon.config import DaemonConfig
+    from trainvigil.daemon.detectors import Detectors, run_all
+    from trainvigil.schemas import RunEnd
+
+    dets = Detectors(detectors.build(DaemonConfig().detectors), idle_forget_s=60.0)
+    end = (Source(run_id="alone", rank=0, world_size=4), RunEnd(time=1.0))
+    run_all(dets, IngestBatch(checkpoints=[_parity("alone", 0, 5, "x", world=4)], run_ends=[end], now=1.0))
+    assert dets.tracked()["ckpt_mismatch"] > 0, "ranks 1-3 may still deliver"
+    run_all(dets, IngestBatch(now=200.0))
+    assert dets.tracked()["ckpt_mismatch"] == 0

@@ -2,8 +2,11 @@
 
 A stream (run, rank) is live from its first record until its ``run_end``, or until it has
 sent nothing for ``idle_forget_s`` (a run that crashed or was killed never says goodbye).
-A run is live while any of its streams is: state kept across ranks (``straggler``,
-``ckpt_mismatch``) goes once the last of them ends or goes idle. A ``run_start`` after a
+A run is live while any of its streams is, or while ranks of its ``world_size`` have not been
+seen yet: state kept across ranks (``straggler``, ``ckpt_mismatch``) goes once every rank ended
+(or the last live one went idle). A run whose first ranks ended before another's records
+arrived (an agent that reached the broker late delivers its whole run at once) keeps its
+state for those, until they come or ``idle_forget_s`` passes. A ``run_start`` after a
 ``run_end`` makes the stream live again.
 
 Time is the daemon's clock (``batch.now``), or in replay, where there is none, the latest
@@ -41,6 +44,12 @@ class RunTracker:
         self.idle_forget_s = idle_forget_s
         self._live: dict[str, dict[int, float]] = {}
         """run → rank → clock of the stream's latest record."""
+        self._world: dict[str, int] = {}
+        """run → the largest ``world_size`` its records carried."""
+        self._ended: dict[str, set[int]] = {}
+        """run → its ranks that ended."""
+        self._waiting: dict[str, float] = {}
+        """Runs with no live stream whose other ranks were never seen: clock when the last one ended."""
         self._clock = Clock()
         self._sweeps = Sweeper(idle_forget_s / 4)
 
@@ -59,11 +68,15 @@ class RunTracker:
         sources = [part.source for part in batch.steps]
         for records in (batch.run_starts, batch.events, batch.heartbeats, batch.gil_samples, batch.checkpoints):
             sources.extend(source for source, _ in records)
+        world = self._world
         for source in sources:
             ranks = live.get(source.run_id)
             if ranks is None:
                 ranks = live[source.run_id] = {}
+                self._waiting.pop(source.run_id, None)
             ranks[source.rank] = clock
+            if source.world_size > world.get(source.run_id, 1):
+                world[source.run_id] = source.world_size
         expired = Expired()
         if batch.run_ends:
             self._end(batch, expired)
@@ -84,12 +97,24 @@ class RunTracker:
             self._drop(source, expired)
 
     def _drop(self, source: Source, expired: Expired) -> None:
-        ranks = self._live.get(source.run_id)
+        run_id = source.run_id
+        ranks = self._live.get(run_id)
         if ranks is not None:
             ranks.pop(source.rank, None)
-        if not ranks:
-            self._live.pop(source.run_id, None)
-            expired.runs.append(source.run_id)
+        ended = self._ended.setdefault(run_id, set())
+        ended.add(source.rank)
+        if ranks:
+            return
+        self._live.pop(run_id, None)
+        if len(ended) < self._world.get(run_id, 1):  # ranks not seen yet may still deliver
+            self._waiting[run_id] = self._clock.now
+            return
+        self._forget(run_id, expired)
+
+    def _forget(self, run_id: str, expired: Expired) -> None:
+        for table in (self._live, self._world, self._ended, self._waiting):
+            table.pop(run_id, None)
+        expired.runs.append(run_id)
 
     def _sweep(self, horizon: float, expired: Expired) -> None:
         for run_id, ranks in list(self._live.items()):
@@ -98,8 +123,10 @@ class RunTracker:
                 del ranks[rank]
                 expired.streams.append((run_id, rank))
             if not ranks:
-                del self._live[run_id]
-                expired.runs.append(run_id)
+                self._forget(run_id, expired)
+        for run_id, since in list(self._waiting.items()):
+            if since < horizon:
+                self._forget(run_id, expired)
 
 
 class Clock:

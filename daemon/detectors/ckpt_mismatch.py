@@ -2,8 +2,8 @@
 
 Replica parity: with ``watch(..., parity_every=N)`` every rank of a data-parallel run
 publishes a digest of its parameters at the same steps. Once all ``world_size`` ranks
-reported a step (or ``wait_rounds`` later parity steps arrived without the missing
-ranks), the ranks whose root differs from the majority's are paged, one episode per odd
+reported a step (or ``wait_rounds`` later parity steps arrived from two or more ranks without
+the missing ones), the ranks whose root differs from the majority's are paged, one episode per odd
 rank. With no strict majority (two replicas, or a tie) the lowest rank present is the
 reference: DDP broadcasts rank 0's weights at start, so it is the one the others copy.
 
@@ -31,7 +31,8 @@ from trainvigil.schemas import Anomaly, CheckpointDigest, Source
 
 class CkptMismatchSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     wait_rounds: int = 2
-    """Judge a parity step with the ranks present once this many later parity steps arrived."""
+    """Judge a parity step with the ranks present once this many later parity steps arrived from two
+    or more ranks each."""
     max_pending_steps: int = 64
     max_paths: int = 10_000
     cooldown: int = 1000
@@ -109,9 +110,17 @@ class CkptMismatch:
         pending = self._parity[run_id]
         world = self._world[run_id]
         steps = sorted(pending)
+        # Later steps that two or more ranks reported: the run moved on without the missing ranks. One
+        # rank's own later steps are no such sign (an agent that reached the broker late delivers its
+        # whole run at once, before the other rank's digests come).
+        shared_after = [0] * len(steps)
+        count = 0
+        for i in range(len(steps) - 1, -1, -1):
+            shared_after[i] = count
+            count += len(pending[steps[i]]) >= 2
         out: list[Anomaly] = []
         for i, step in enumerate(steps):
-            later = len(steps) - i - 1
+            later = shared_after[i]
             overflow = len(pending) > self.settings.max_pending_steps
             if len(pending[step]) < world and later < self.settings.wait_rounds and not overflow:
                 continue
