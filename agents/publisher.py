@@ -11,10 +11,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
-
-import nats
-from nats.aio.client import Client as NATS
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainvigil.schemas.credentials import refusal
 from trainvigil.schemas.settings import retrying
@@ -22,6 +19,9 @@ from trainvigil.schemas.settings import retrying
 from .options import AgentOptions, nats_servers
 from .outbox import OutMsg
 from .push import FileResult, publish_round, upload
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 log = logging.getLogger("trainvigil.agent")
 
@@ -104,6 +104,10 @@ class NatsPublisher:
                 changed()
             elif refusal(exc):  # refused later: a permission (publishing with a reader's file), a rotated password
                 self._say_refused(exc)
+
+        # nats-py (with aiohttp for websockets) takes ~120 ms to import: it is imported here, on the agent's
+        # thread at its first connect, so `import trainvigil` and a disabled agent never pay for it.
+        import nats
 
         opts = self.options
         async for attempt in retrying(

@@ -24,9 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import nats
-from nats.errors import Error as NatsError
-
 from trainvigil.errors import VigilError
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 
@@ -222,6 +219,9 @@ async def push(
         ConfigError: ``url`` is not a NATS URL, or a file of ``access`` cannot be read.
         NoBrokerError: no broker answered at ``url``.
     """
+    import nats  # here, not at module level: the agent imports this module, and nats-py takes ~120 ms to import
+    from nats.errors import Error as NatsError
+
     servers = nats_servers(url, key="--nats / VIGIL_NATS_URL")
 
     async def quiet(exc: Exception) -> None:  # nats-py logs every failed attempt otherwise
