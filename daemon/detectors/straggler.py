@@ -9,7 +9,7 @@ half a window, as in ``slowdown``). Each rank's median ``step_time`` over its wi
 (checkpoint/eval steps left out) is compared with the fastest rank's over the same steps:
 score = fastest / this rank's median. Below ``warn``/``page`` in two consecutive windows
 raises an alert naming the slow rank. A slowdown of every rank is ``slowdown``'s business.
-State is per run: it goes once every rank seen has ended or the run went idle.
+State is per run: it goes once every rank of its ``world_size`` has ended or the run went idle.
 """
 
 from __future__ import annotations
