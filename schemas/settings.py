@@ -80,19 +80,22 @@ def convert(tree: Mapping[str, Any], struct: type[S]) -> S:
     return msgspec.convert(tree, struct, strict=False, dec_hook=_decode_extra)
 
 
-def retrying(on: Any, *, attempts: int | None, wait_initial: float, wait_max: float) -> Any:
-    """trainvigil's one retry policy (``async for attempt in retrying(...): with attempt: ...``).
+def retrying(
+    on: Any, *, attempts: int | None, wait_initial: float, wait_max: float, timeout: float | None = None
+) -> Any:
+    """trainvigil's one retry policy (``[async] for attempt in retrying(...): with attempt: ...``).
 
     Exponential backoff from ``wait_initial`` seconds, doubling up to ``wait_max``, with up to
     ``wait_initial`` of jitter so that many agents do not retry in step; ``attempts`` in all
-    (``None``: until it succeeds or the caller is cancelled; there is no overall time limit, the
-    caller's own deadline ends it). ``on``: the exceptions to retry, or stamina's predicate.
-    ``stamina.set_testing(True)`` turns the backoff off in tests.
+    (``None``: until it succeeds, the caller is cancelled or ``timeout`` seconds passed, after
+    which the last error is raised; without ``timeout`` the caller's own deadline ends it).
+    ``on``: the exceptions to retry, or stamina's predicate. ``stamina.set_testing(True)`` turns
+    the backoff off in tests.
     """
     return stamina.retry_context(
         on=on,
         attempts=attempts,
-        timeout=None,
+        timeout=timeout,
         wait_initial=wait_initial,
         wait_max=wait_max,
         wait_jitter=wait_initial,

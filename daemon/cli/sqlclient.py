@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -24,6 +23,7 @@ from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryBusyErro
 from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
+from trainvigil.schemas.settings import retrying
 from trainvigil.schemas.shards import ShardId
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
@@ -216,16 +216,12 @@ class QuerySource:
                 that answered before stopped answering.
             duckdb.Error: the file cannot be opened (a daemon holds it, or it is not a database).
         """
-        deadline = time.monotonic() + self.busy_patience_s
-        pause = 0.05
-        while True:
-            try:
+        for attempt in retrying(
+            QueryBusyError, attempts=None, wait_initial=0.05, wait_max=2.0, timeout=self.busy_patience_s
+        ):
+            with attempt:
                 return self._ask_once(sql, limit)
-            except QueryBusyError:
-                if time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(2 * pause, 2.0)
+        raise AssertionError("unreachable: retrying returns or raises")  # pragma: no cover
 
     def _ask_once(self, sql: str, limit: int) -> QueryResult:
         request = validate(QueryRequest(sql=sql, limit=limit, max_bytes=self.max_bytes))
