@@ -78,7 +78,7 @@ class SB3Callback(BaseCallback):
     def on_step(self) -> bool:
         return True
 
-    def _on_step(self) -> bool:
+    def _on_step(self) -> bool:  # BaseCallback declares it abstract; on_step above never calls it
         return True
 
     def _new_episodes(self) -> list[dict[str, Any]]:
