@@ -11,11 +11,12 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trainvigil.schemas.credentials import refusal
 from trainvigil.schemas.settings import retrying
 
+from .acks import AckInbox
 from .options import AgentOptions, nats_servers
 from .outbox import OutMsg
 from .push import FileResult, publish_round, upload
@@ -68,7 +69,7 @@ class NatsPublisher:
         self.name = name
         self._pace = pace
         self._noticed = noticed
-        self._js: Any = None
+        self._js: AckInbox | None = None
         self._connected = False
         self._ever_connected = False
         self._failed_once = False
@@ -134,12 +135,14 @@ class NatsPublisher:
                     changed()
                     raise
         try:
-            self._js = nc.jetstream(publish_async_max_pending=opts.max_inflight * 2)
+            self._js = await AckInbox(nc).open()
             self._ever_connected = True
             set_connected(True)
             await asyncio.Future()  # hold the connection until cancelled
         finally:
-            self._js = None
+            js, self._js = self._js, None
+            if js is not None:
+                await js.close()  # a round waiting for acks ends now, its messages kept for the next connection
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), timeout=1.0)
 

@@ -22,11 +22,12 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from trainvigil.errors import VigilError
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 
+from .acks import AckInbox
 from .options import nats_servers
 from .outbox import OutMsg, copy_range, read_frame, read_sealed_header, write_sealed
 
@@ -115,39 +116,57 @@ def _claim(path: Path) -> Iterator[BinaryIO | None]:
         yield f if same else None
 
 
+class JetStream(Protocol):
+    """What a publish round sends through: :class:`~.acks.AckInbox` (a test's fake, without a broker)."""
+
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[Any]: ...
+
+
 async def publish_round(
-    js: Any, msgs: Sequence[OutMsg], timeout: float, pace: Callable[[], None] = lambda: None
+    js: JetStream, msgs: Sequence[OutMsg], timeout: float, pace: Callable[[], None] = lambda: None
 ) -> tuple[int, BaseException | None]:
     """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``, calling ``pace()`` after each
-    (the agent's worker gives the GIL back there).
+    (the agent's worker gives the GIL back there), and wait up to ``timeout`` seconds for their acks.
 
     Returns how many from the front were acknowledged, and the first error (``None`` if all were).
     """
-    futures = []
+    futures: list[asyncio.Future[Any]] = []
     error: BaseException | None = None
     try:
         for m in msgs:
-            futures.append(
-                await js.publish_async(m.subject, m.payload, wait_stall=timeout, headers={"Nats-Msg-Id": m.msg_id})
-            )
+            futures.append(await js.publish_async(m.subject, m.payload, headers={"Nats-Msg-Id": m.msg_id}))
             pace()
     except asyncio.CancelledError:
+        for future in futures:
+            future.cancel()
         raise
     except Exception as exc:
         error = exc
-    results = await asyncio.gather(*(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True)
+    late: set[asyncio.Future[Any]] = set()
+    if futures:
+        # One waiter for the round (no task per ack): it wakes when every ack is in, at the first
+        # failure, or at the timeout; an ack still missing then is given up on.
+        try:
+            _, late = await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for future in futures:
+                future.cancel()  # no-op for those done
     acked = 0
-    for result in results:
-        if isinstance(result, BaseException):
-            return acked, result
+    for future in futures:
+        if future in late:
+            return acked, TimeoutError(f"no acknowledgement within {timeout:g} s")
+        if future.cancelled():
+            return acked, ConnectionError("the connection closed before the acknowledgement came")
+        if (failed := future.exception()) is not None:
+            return acked, failed
         acked += 1
     return acked, error
 
 
 async def upload(
-    js: Any, path: Path, *, max_inflight: int, ack_timeout: float, only_for: str | None = None
+    js: JetStream, path: Path, *, max_inflight: int, ack_timeout: float, only_for: str | None = None
 ) -> FileResult:
-    """Publish the sealed file at ``path`` through ``js`` (a JetStream context), oldest message first.
+    """Publish the sealed file at ``path`` through ``js``, oldest message first.
 
     The file is removed once every message was acknowledged; after a partial delivery (an
     error, or cancellation) only the unacknowledged rest is kept. With ``only_for`` (a
@@ -248,7 +267,7 @@ async def push(
             url=url,
         ) from None
     try:
-        js = nc.jetstream(publish_async_max_pending=max_inflight * 2)
+        js = await AckInbox(nc).open()
         results = []
         for path in paths:
             result = await upload(js, path, max_inflight=max_inflight, ack_timeout=ack_timeout)

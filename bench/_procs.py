@@ -187,3 +187,10 @@ def stored_rows(db_path: Path, run_like: str = "%") -> Stored:
         row = con.execute(sql, [run_like]).fetchone()
     assert row is not None
     return Stored(int(row[0]), int(row[1]))
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (threads it starts later inherit their creator's)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task), cpus)

@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from _procs import start_services
+from _procs import pin, start_services
+from _stats import median_interval
 from tables import table
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "integrations"
@@ -67,20 +67,6 @@ def timed(framework: str, mode: str, run_id: str, tmp: Path, url: str) -> dict[s
     if done.returncode != 0:
         raise RuntimeError(f"{mode} run failed: {done.stderr[-2000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
-def median_interval(ratios: Sequence[float], rounds: int = 5000, seed: int = 0) -> tuple[float, float]:
-    """A bootstrap 95 % interval of the median of ``ratios`` (the pairs resampled with replacement)."""
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(rounds))
-    return medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of process ``pid`` onto ``cpus`` (threads it starts later inherit their creator's)."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(int(task), cpus)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

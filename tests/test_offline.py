@@ -133,7 +133,7 @@ class _FakeJetStream:
         self.budget = budget
         self.ids: list[str] = []
 
-    async def publish_async(self, subject: str, payload: bytes, wait_stall: float, headers: dict[str, str]) -> Any:
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.budget > 0:
             self.budget -= 1
