@@ -12,10 +12,12 @@ per step (``idle`` rows: logs nothing), one with no agent at all. Blocks within 
 compare to ~1 %, where whole processes differ by ±5 % in Python speed (memory layout). Each row
 runs in its own process, on ``cpus``: ``1`` is the training's core shared with the agent's thread
 (a job whose cores are all busy, or a rank pinned to one core), ``2`` leaves the scheduler a second
-core (on a 2-core machine, the one nats-server and the daemon are pinned to).
+core (on a 2-core machine, the one nats-server and the daemon are pinned to). Two reference rows run
+no agent but a thread that wakes 4 times a second for ~1 ms of CPU, of varied library code or of one
+tight loop: whether the machine slows a GIL-bound thread for code that merely shares its core.
 
-    python bench/host_bound_overhead.py                # --pairs 20 --block 1
-    python bench/host_bound_overhead.py --pairs 40
+    python bench/host_bound_overhead.py                # --pairs 20 --block 1 (~6 min)
+    python bench/host_bound_overhead.py --only 1 --only 5 --only 6 --pairs 40
 
 Printed per row: median step without and with, the median over pairs of the blocks' median-step
 ratio with a bootstrap 95 % interval, the mean-step ratio, and the training thread's involuntary
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,12 +46,16 @@ from _stats import median_interval
 from tables import table
 
 ROWS = (
-    # (label, cpus, work, logging)
-    ("logging, shared core", 1, "allocating", True),
-    ("idle agent, shared core", 1, "allocating", False),
-    ("logging, shared core, flat work", 1, "flat", True),
-    ("logging, 2 cores", 2, "allocating", True),
+    # (label, cpus, work, beside: what runs beside the training thread in the "with" blocks)
+    ("agent logging, shared core", 1, "allocating", "logging"),
+    ("agent idle, shared core", 1, "allocating", "idle"),
+    ("agent logging, shared core, flat work", 1, "flat", "logging"),
+    ("agent logging, 2 cores", 2, "allocating", "logging"),
+    ("no agent: 1 ms of varied Python 4x/s, shared core", 1, "allocating", "varied"),
+    ("no agent: 1 ms of a tight loop 4x/s, shared core", 1, "allocating", "tight"),
 )
+"""The last two rows are references without trainvigil: a thread that wakes as often as the agent and
+works about as long, on varied library code (json, re, textwrap, difflib, decimal) or on one tight loop."""
 
 
 def _work(kind: str, n: int) -> Any:
@@ -73,6 +80,79 @@ def _work(kind: str, n: int) -> Any:
     return allocating
 
 
+def _burst(kind: str) -> Any:
+    """About 1 ms of this thread's CPU: varied library code, or one tight loop."""
+    import decimal
+    import difflib
+    import fractions
+    import re
+    import textwrap
+
+    doc = {f"k{i}": [i, str(i), {"x": float(i)}] for i in range(40)}
+
+    def varied() -> None:
+        json.loads(json.dumps(doc))
+        re.sub(r"(\d+)", "n", "abc 123 def 456")
+        textwrap.fill("word " * 40, 30)
+        difflib.SequenceMatcher(None, "abcdefgh", "abxdefzh").ratio()
+        _ = decimal.Decimal("1.1") * 3, fractions.Fraction(3, 7) + 1
+
+    def tight() -> None:
+        x = 0
+        for i in range(200):
+            x += i
+
+    body = varied if kind == "varied" else tight
+
+    def burst() -> None:
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            body()
+
+    return burst
+
+
+class Beside:
+    """What runs beside the training thread in a "with" block: an agent, or a reference thread."""
+
+    def __init__(self, kind: str, run_id: str) -> None:
+        self.kind = kind
+        self.agent: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        if kind in ("logging", "idle"):
+            import trainvigil
+
+            self.agent = trainvigil.init(run_id=run_id)
+            self.agent.flush(10)
+        else:
+            burst = _burst(kind)
+
+            def wake_and_work() -> None:
+                try:
+                    while not self._stop.wait(0.25):
+                        burst()
+                except BaseException as exc:  # a reference row that stopped working must not read as "no cost"
+                    self.error = exc
+
+            self._thread = threading.Thread(target=wake_and_work, daemon=True)
+            self._thread.start()
+
+    def log(self, step: int) -> None:
+        if self.kind == "logging":
+            self.agent.log(step, loss=1.0 / step, step_time=0.002, samples=float(step))
+
+    def close(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the {self.kind} thread failed: {self.error!r}")
+
+
 def _switches() -> int:
     """Involuntary context switches of the calling thread so far."""
     for line in Path("/proc/thread-self/status").read_text().splitlines():
@@ -83,8 +163,6 @@ def _switches() -> int:
 
 def child(args: argparse.Namespace) -> None:
     """One row: the blocks, printed as one JSON line."""
-    import trainvigil
-
     step_fn = _work(args.work, args.n)
     rng = random.Random(0)
     rows: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
@@ -92,11 +170,8 @@ def child(args: argparse.Namespace) -> None:
     for pair in range(args.pairs):
         order = [True, False]
         rng.shuffle(order)
-        for with_agent in order:
-            agent = None
-            if with_agent:
-                agent = trainvigil.init(run_id=f"host-bound-{os.getpid()}-{pair}")
-                agent.flush(10)
+        for with_it in order:
+            beside = Beside(args.beside, f"host-bound-{os.getpid()}-{pair}") if with_it else None
             time.sleep(args.settle)  # the agent's start-up (connect, first heartbeat) is not the step's
             gaps = []
             switches = _switches()
@@ -104,15 +179,15 @@ def child(args: argparse.Namespace) -> None:
             while last - start < args.block:
                 step_fn()
                 step += 1
-                if agent is not None and args.logging:
-                    agent.log(step, loss=1.0 / step, step_time=0.002, samples=float(step))
+                if beside is not None:
+                    beside.log(step)
                 now = time.perf_counter()
                 gaps.append(now - last)
                 last = now
             rate = (_switches() - switches) / (last - start)
-            if agent is not None:
-                agent.close()
-            rows[with_agent].append((statistics.median(gaps), (last - start) / len(gaps), rate))
+            if beside is not None:
+                beside.close()
+            rows[with_it].append((statistics.median(gaps), (last - start) / len(gaps), rate))
     print(json.dumps({"with": rows[True], "without": rows[False]}))
 
 
@@ -124,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=60_000, help="iterations per step (~2 ms)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", choices=("allocating", "flat"), default="allocating", help=argparse.SUPPRESS)
-    parser.add_argument("--logging", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--beside", default="logging", help=argparse.SUPPRESS)
+    parser.add_argument("--only", type=int, action="append", help="row numbers (1-based) to run (repeatable)")
     args = parser.parse_args(argv)
     if args.child:
         child(args)
@@ -139,9 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for pid in (svc.nats.pid, svc.daemon.pid):
             pin(pid, {cpus[-1]})
         env = {**os.environ, "VIGIL_NATS_URL": svc.url, "VIGIL_LOG_LEVEL": "warning"}
-        for label, ncpus, work, logging in ROWS:
+        for k, (label, ncpus, work, beside) in enumerate(ROWS, 1):
+            if args.only and k not in args.only:
+                continue
             mine = set(cpus[:-1][:1]) if ncpus == 1 else {cpus[0], cpus[-1]}
-            argv = [sys.executable, __file__, "--child", "--work", work, "--logging", str(int(logging)),
+            argv = [sys.executable, __file__, "--child", "--work", work, "--beside", beside,
                     "--pairs", str(args.pairs), "--block", str(args.block), "--settle", str(args.settle),
                     "--n", str(args.n)]  # fmt: skip
             print(f"  {label}: training on cpus {sorted(mine)}, {args.pairs} pairs ...", flush=True)
