@@ -27,6 +27,8 @@ NO_RESPONDERS = "503"
 
 
 class StreamError(msgspec.Struct):
+    """Why the stream refused a message, as JetStream's ack says it."""
+
     code: int = 0
     err_code: int = 0
     description: str = ""

@@ -69,7 +69,7 @@ class NatsPublisher:
         self.name = name
         self._pace = pace
         self._noticed = noticed
-        self._js: AckInbox | None = None
+        self._inbox: AckInbox | None = None
         self._connected = False
         self._ever_connected = False
         self._failed_once = False
@@ -77,7 +77,7 @@ class NatsPublisher:
 
     @property
     def connected(self) -> bool:
-        return self._connected and self._js is not None
+        return self._connected and self._inbox is not None
 
     @property
     def ever_connected(self) -> bool:
@@ -135,28 +135,28 @@ class NatsPublisher:
                     changed()
                     raise
         try:
-            self._js = await AckInbox(nc).open()
+            self._inbox = await AckInbox(nc).open()
             self._ever_connected = True
             set_connected(True)
             await asyncio.Future()  # hold the connection until cancelled
         finally:
-            js, self._js = self._js, None
-            if js is not None:
-                await js.close()  # a round waiting for acks ends now, its messages kept for the next connection
+            inbox, self._inbox = self._inbox, None
+            if inbox is not None:
+                await inbox.close()  # a round waiting for acks ends now, its messages kept for the next connection
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), timeout=1.0)
 
     async def publish(self, msgs: Sequence[OutMsg], timeout: float) -> tuple[int, BaseException | None]:
-        if self._js is None:
+        if self._inbox is None:
             return 0, ConnectionError("not connected")
-        return await publish_round(self._js, msgs, timeout, self._pace)
+        return await publish_round(self._inbox, msgs, timeout, self._pace)
 
     async def deliver_file(self, path: Path, only_for: str) -> FileResult:
-        if self._js is None:
+        if self._inbox is None:
             return FileResult(path, error="not connected")
         opts = self.options
         return await upload(
-            self._js, path, max_inflight=opts.max_inflight, ack_timeout=opts.ack_timeout, only_for=only_for
+            self._inbox, path, max_inflight=opts.max_inflight, ack_timeout=opts.ack_timeout, only_for=only_for
         )
 
     def _first_failure(self, exc: BaseException) -> None:

@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k, (label, ncpus, work, beside) in enumerate(ROWS, 1):
             if args.only and k not in args.only:
                 continue
-            mine = set(cpus[:-1][:1]) if ncpus == 1 else {cpus[0], cpus[-1]}
+            mine = {cpus[0]} if ncpus == 1 else {cpus[0], cpus[-1]}
             argv = [sys.executable, __file__, "--child", "--work", work, "--beside", beside,
                     "--pairs", str(args.pairs), "--block", str(args.block), "--settle", str(args.settle),
                     "--n", str(args.n)]  # fmt: skip
