@@ -49,6 +49,10 @@ def as_float(value: Any) -> float | None:
                 return None
             return float(value.detach().item())  # detach: no requires_grad warning
         cls = type(value)
+        if hasattr(cls, "__array__") and hasattr(cls, "item") and getattr(value, "size", None) == 1:
+            item = value.item()  # a JAX (or CuPy) array: item() costs a third of what float() does
+            if isinstance(item, int | float):  # else (a bfloat16 scalar, a string) float() below decides
+                return float(item)
         if hasattr(cls, "__float__") or hasattr(cls, "__index__"):  # not str or bytes: float() would parse those
             return float(value)
     except Exception:  # a user's __float__ may raise anything; the value is refused, never the worker

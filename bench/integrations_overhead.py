@@ -1,7 +1,7 @@
 """What each framework integration adds to its framework's own step time, side by side in one run.
 
-For each framework (transformers ``Trainer``, Lightning, Stable-Baselines3) the README's example
-script (``examples/integrations/``) trains the same small model the same steps without the
+For each framework (transformers ``Trainer``, Lightning, Stable-Baselines3, JAX, Ray Train) the README's
+example script (``examples/integrations/``) trains the same small model the same steps without the
 integration (``--without``: for Lightning, its default logger in place of ours) and with it
 (``--init-first``), alternately (``--repeats`` pairs in fresh processes, every other pair in the
 other order), against a real nats-server and daemon. The agent is started with ``trainvigil.init()``
@@ -9,7 +9,8 @@ and has reached the broker before training starts, so its start-up is not counte
 logs through it, as it does in a script that starts its own agent). The ratio is the median over the
 pairs of each pair's ratio of median step times (each script marks its framework's step ends with
 the same hook in both arms: ``examples/integrations/_common.py``); the ratio of whole training calls
-(``Trainer.train``'s ``train_runtime``; ``Trainer.fit`` and ``PPO.learn`` timed around the call) is
+(``Trainer.train``'s ``train_runtime``; ``Trainer.fit``, ``PPO.learn``, the JAX loop and rank 0's Ray
+Train loop timed around the call) is
 printed beside it. nats-server and the daemon run on the machine's last core and the training on the
 others (``--shared`` leaves them together): on a 2-core machine the daemon ingesting the 'with' run
 took CPU from the training and its cost read as the integration's; a daemon is a sidecar with a core
@@ -48,18 +49,23 @@ COMMANDS = {
     "lightning": ["lightning_regression.py", "{tmp}", "--epochs", "1", "--batches", "1024", "--batch", "32",
                   "--features", "64", "--hidden", "256", "--log-every", "10", "--clip", "0"],
     "sb3": ["sb3_ppo.py", "--timesteps", "8192", "--rollout", "512"],
+    "jax": ["jax_mlp.py", "{tmp}", "--steps", "2000", "--batch", "1024", "--features", "256", "--hidden", "1024"],
+    "ray": ["ray_train.py", "{tmp}", "--workers", "2", "--steps", "2000", "--batch", "64", "--features", "32",
+            "--hidden", "128"],
 }  # fmt: skip
 """The README's example scripts (``examples/integrations/``), at sizes where a step is the framework's work."""
 WORK = {
     "transformers": "200 steps, GPT-2 2x64",
     "lightning": "1024 steps, MLP 64-256-1",
     "sb3": "PPO CartPole 8192 env steps",
+    "jax": "2000 steps, Flax MLP 256-1024-1",
+    "ray": "2000 steps x 2 workers, DDP MLP 32-128-1",
 }
 
 
 def timed(framework: str, mode: str, run_id: str, tmp: Path, url: str) -> dict[str, float]:
     """One run's step times and seconds, as the script prints them last (``examples/integrations/_common.py``)."""
-    env = {**os.environ, "VIGIL_NATS_URL": url, "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "VIGIL_NATS_URL": url, "PYTHONWARNINGS": "ignore", "RAY_AUTH_MODE": "disabled"}
     script, *args = COMMANDS[framework]
     arm = ["--without"] if mode == "without" else ["--init-first", "--run-id", run_id]
     argv = [sys.executable, str(EXAMPLES / script), *(a.format(tmp=tmp) for a in args), *arm]

@@ -15,39 +15,15 @@ pytest.importorskip("jax")
 pytest.importorskip("flax")
 pytest.importorskip("optax")
 
-TRAIN = """
-import sys, jax, jax.numpy as jnp, optax, flax.linen as nn, trainvigil
-from trainvigil import jax as vigil_jax
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-class MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(1)(nn.relu(nn.Dense(32)(x)))
+from trainvigil.agents._values import as_float
+from trainvigil.agents.integrations import jax as vigil_jax
 
-model, key = MLP(), jax.random.PRNGKey(0)
-x = jax.random.normal(key, (256, 8))
-y = x.sum(1, keepdims=True)
-params = model.init(key, x)
-opt = optax.adam(1e-2)
-opt_state = opt.init(params)
-
-@jax.jit
-def train_step(params, opt_state, step):
-    loss, grads = jax.value_and_grad(lambda p: jnp.mean((model.apply(p, x) - y) ** 2))(params)
-    grads = jax.tree_util.tree_map(lambda g: jnp.where(step == 30, jnp.nan, g), grads)  # the fault, at step 30
-    health = vigil_jax.grad_health(grads)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, health
-
-agent = trainvigil.init(run_id="jax-mlp")
-for step in range(40):
-    if step == 20:
-        vigil_jax.save(params, sys.argv[1], step=step)
-        params = vigil_jax.load(sys.argv[1], params)
-    params, opt_state, loss, health = train_step(params, opt_state, step)
-    agent.log(step, loss=loss, **health)  # device arrays: the agent's thread reads them
-assert agent.close(timeout=60)
-"""
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "integrations" / "jax_mlp.py"
+"""The README's JAX example, a whole script."""
 
 
 def test_a_nan_in_jitted_gradients_pages_on_its_step_and_pytree_checkpoints_verify(
@@ -58,8 +34,8 @@ def test_a_nan_in_jitted_gradients_pages_on_its_step_and_pytree_checkpoints_veri
     try:
         path = tmp_path / "params.msgpack"
         env = {**os.environ, "VIGIL_NATS_URL": nats_server.url, "PYTHONWARNINGS": "ignore"}
-        done = subprocess.run([sys.executable, "-c", TRAIN, str(path)], env=env, capture_output=True, text=True,
-                              timeout=180)  # fmt: skip
+        argv = [sys.executable, str(EXAMPLE), str(tmp_path), "--steps", "40", "--save-at", "20", "--nan-at", "30"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, done.stderr[-3000:]
         wait_for(lambda: d.scalar("select count(*) from runs where run_id = 'jax-mlp' and status = 'ok'") == 1, 30,
                  "the run ended")  # fmt: skip
@@ -83,3 +59,52 @@ def test_a_nan_in_jitted_gradients_pages_on_its_step_and_pytree_checkpoints_veri
         assert bad.returncode == 1 and "MISMATCH" in bad.stdout, bad.stdout + bad.stderr
     finally:
         d.terminate()
+
+
+def _tree(bad: dict[str, float]) -> dict[str, jax.Array]:
+    rng = np.random.default_rng(0)
+    tree = {
+        "w": rng.normal(size=(64, 32)).astype(np.float32),
+        "b": rng.normal(size=32).astype(np.float32),
+        "h": rng.normal(size=(8, 8)).astype(np.float32),
+    }
+    for name, value in bad.items():
+        tree[name].reshape(-1)[3] = value
+    out = {k: jnp.asarray(v) for k, v in tree.items()}
+    out["h"] = out["h"].astype(jnp.bfloat16)
+    out["count"] = jnp.arange(5)  # an integer leaf: not a gradient, left out
+    return out
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["one flat copy", "leaf by leaf"])
+def test_grad_health_is_the_float32_global_norm_and_counts_non_finite_values(
+    flat: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vigil_jax, "FLAT_MAX", 1 << 24 if flat else 0)
+    health = jax.jit(vigil_jax.grad_health)
+    clean = _tree({})
+    expected = np.sqrt(sum(np.sum(np.square(np.asarray(clean[k], np.float64))) for k in ("w", "b", "h")))
+    got = health(clean)
+    assert float(got["grad_norm"]) == pytest.approx(expected, rel=1e-5)
+    assert float(got["grad_nonfinite"]) == 0.0
+
+    got = health(_tree({"w": np.nan, "b": np.inf}))
+    assert np.isnan(float(got["grad_norm"]))
+    assert float(got["grad_nonfinite"]) == 2.0
+    got = health(_tree({"b": -np.inf}))
+    assert float(got["grad_norm"]) == np.inf and float(got["grad_nonfinite"]) == 1.0
+    # squares that overflow float32 make the norm Inf, but no gradient value is non-finite
+    got = health(_tree({"w": 3e38}))
+    assert float(got["grad_norm"]) == np.inf and float(got["grad_nonfinite"]) == 0.0
+
+
+def test_the_agent_reads_jax_scalars_as_numbers() -> None:
+    assert as_float(jnp.float32(1.5)) == 1.5
+    assert as_float(jnp.asarray([2.5])) == 2.5
+    assert as_float(jnp.asarray(7, jnp.int32)) == 7.0
+    assert as_float(jnp.asarray(True)) == 1.0
+    assert as_float(jnp.asarray(0.3, jnp.bfloat16)) == pytest.approx(0.3, rel=1e-2)
+    nan = as_float(jnp.float32(np.nan))
+    assert nan is not None and np.isnan(nan)
+    assert as_float(jnp.asarray([1.0, 2.0])) is None
+    assert as_float(jnp.asarray(1 + 2j)) is None

@@ -14,24 +14,8 @@ from support import Daemon, NatsServer, wait_for
 
 pytest.importorskip("ray.train.torch")
 
-TRAIN = """
-import sys
-import ray
-from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
-
-def train_loop(config):
-    import trainvigil
-    agent = trainvigil.init()  # rank, world size and run id from Ray Train
-    for step in range(50):
-        agent.log(step, loss=1.0 / (step + 1), step_time=0.01)
-    assert agent.close(timeout=60)
-
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-TorchTrainer(train_loop, scaling_config=ScalingConfig(num_workers=2),
-             run_config=RunConfig(name="mnist-sweep", storage_path=sys.argv[1])).fit()
-ray.shutdown()
-"""
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "integrations" / "ray_train.py"
+"""The README's Ray Train example, a whole script."""
 
 
 def test_ray_train_workers_log_as_the_ranks_of_one_run_with_no_arguments(
@@ -41,13 +25,14 @@ def test_ray_train_workers_log_as_the_ranks_of_one_run_with_no_arguments(
     d.start()
     try:
         env = {**os.environ, "VIGIL_NATS_URL": nats_server.url, "PYTHONWARNINGS": "ignore", "RAY_AUTH_MODE": "disabled"}
-        done = subprocess.run([sys.executable, "-c", TRAIN, str(tmp_path / "ray")], env=env, capture_output=True,
-                              text=True, timeout=240)  # fmt: skip
+        argv = [sys.executable, str(EXAMPLE), str(tmp_path / "ray"), "--workers", "2", "--steps", "50"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
         wait_for(lambda: d.scalar("select count(*) from runs where status = 'ok'") == 1, 30, "the run ended")
-        assert d.sql("select run_id, world_size from runs").rows == [["mnist-sweep", 2]]
-        per_rank = d.sql("select rank, count(*) from steps group by rank order by rank").rows
-        assert per_rank == [[0, 50], [1, 50]]
+        assert d.sql("select run_id, world_size from runs").rows == [["ray-regression", 2]]
+        per_rank = d.sql("select rank, count(loss), count(step_time) from steps group by rank order by rank").rows
+        assert per_rank == [[0, 50, 50], [1, 50, 50]]
+        assert d.scalar("select max(loss) < 1e6 and min(step_time) > 0 from steps")
     finally:
         d.terminate()
 

@@ -4,10 +4,11 @@ of pytrees with the same per-leaf digests as ``trainvigil.checkpoint`` (so ``vig
 
 Inside the step, :func:`grad_health` returns two device scalars with the step's other outputs: the
 global gradient norm (NaN or Inf as soon as any gradient is: ``non_finite`` pages on that step) and
-the count of non-finite gradient values. Hand them to ``agent.log(step, loss=loss, **health)`` as
-they are: ``log()`` keeps the arrays and the agent's own thread reads them (``float()``) when it
-packs the step, so the training loop never waits for the device (no ``block_until_ready``, no host
-callback per step). Keep a step's outputs alive only that long: the agent drops them once packed.
+the count of non-finite gradient values (counted only on a step whose norm is not finite). Hand them
+to ``agent.log(step, loss=loss, **health)`` as they are: ``log()`` keeps the arrays and the agent's
+own thread reads them (``item()``) when it packs the step, so the training loop never waits for the
+device (no ``block_until_ready``, no host callback per step). Keep a step's outputs alive only that
+long: the agent drops them once packed.
 
 :func:`save` writes a pytree with Flax's msgpack serialization and the manifest beside it (leaf names
 from the pytree's key paths, dtype, shape and bytes: the torch scheme); :func:`load` reads it back
@@ -34,14 +35,37 @@ from trainvigil.errors import CheckpointIntegrityError
 CODEC = "flax-msgpack"
 
 
+FLAT_MAX = 1 << 24
+"""Gradient elements up to which :func:`grad_health` sums squares over one flat float32 copy (at most
+64 MiB): one copy and one dot instead of a reduction per leaf, which on a small step is the cheaper by a
+fixed cost per kernel. Beyond it, the copy's memory would matter more, and each leaf is reduced in place."""
+
+
 def grad_health(grads: Any) -> dict[str, jax.Array]:
-    """``{"grad_norm": ..., "grad_nonfinite": ...}`` of a gradient pytree, for use inside ``jax.jit``."""
-    leaves = [g for g in jax.tree_util.tree_leaves(grads) if jnp.issubdtype(jnp.asarray(g).dtype, jnp.inexact)]
+    """``{"grad_norm": ..., "grad_nonfinite": ...}`` of a gradient pytree, for use inside ``jax.jit``.
+
+    The norm is over every floating leaf in float32 (NaN or Inf as soon as any gradient is). The
+    non-finite values are counted only when the norm is not finite (``lax.cond``): a finite sum of
+    squares means there are none, so a healthy step pays for one reduction, not two.
+    """
+    leaves = [jnp.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
+    leaves = [g for g in leaves if jnp.issubdtype(g.dtype, jnp.inexact)]
     if not leaves:
         return {"grad_norm": jnp.float32(0.0), "grad_nonfinite": jnp.float32(0.0)}
-    squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves)
-    bad = sum(jnp.sum(~jnp.isfinite(g)) for g in leaves)
-    return {"grad_norm": jnp.sqrt(squares), "grad_nonfinite": jnp.asarray(bad, jnp.float32)}
+    if sum(g.size for g in leaves) <= FLAT_MAX:
+        flat = jnp.concatenate([jnp.ravel(g).astype(jnp.float32) for g in leaves])
+        squares = jnp.dot(flat, flat, precision=jax.lax.Precision.HIGHEST)
+
+        def count() -> jax.Array:
+            return jnp.sum(~jnp.isfinite(flat)).astype(jnp.float32)
+    else:
+        squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves)
+
+        def count() -> jax.Array:
+            return sum(jnp.sum(~jnp.isfinite(g)) for g in leaves).astype(jnp.float32)
+
+    bad = jax.lax.cond(jnp.isfinite(squares), lambda: jnp.float32(0.0), count)
+    return {"grad_norm": jnp.sqrt(squares), "grad_nonfinite": bad}
 
 
 def _host_state(tree: Any) -> Any:

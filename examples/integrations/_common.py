@@ -57,14 +57,19 @@ class StepTimes:
             self.agent_cpu_from = agent_cpu_s()
         self.marks.append(time.perf_counter())
 
-    def report(self, seconds: float, agent: Any = None) -> None:
-        """Close the script's own agent (an integration closes the one it started), then print the times."""
+    def summary(self, seconds: float) -> dict[str, Any]:
+        """The gaps' median and mean, and the agent thread's CPU since the first mark (before it is closed)."""
         now = agent_cpu_s()
         agent_cpu = None if now is None or self.agent_cpu_from is None else now - self.agent_cpu_from
-        if agent is not None:
-            agent.close()
         gaps = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
         median = statistics.median(gaps) if gaps else float("nan")
         mean = statistics.fmean(gaps) if gaps else float("nan")
-        print(json.dumps({"seconds": seconds, "steps": len(gaps), "median_step_ms": 1e3 * median,
-                          "mean_step_ms": 1e3 * mean, "agent_cpu_s": agent_cpu}))  # fmt: skip
+        return {"seconds": seconds, "steps": len(gaps), "median_step_ms": 1e3 * median, "mean_step_ms": 1e3 * mean,
+                "agent_cpu_s": agent_cpu}  # fmt: skip
+
+    def report(self, seconds: float, agent: Any = None) -> None:
+        """Close the script's own agent (an integration closes the one it started), then print the times."""
+        summary = self.summary(seconds)
+        if agent is not None:
+            agent.close()
+        print(json.dumps(summary))
