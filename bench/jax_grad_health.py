@@ -17,12 +17,13 @@ cost inside the step (``integrations_overhead.py`` times the whole example with 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -81,7 +82,7 @@ def steps_for(batch: int, features: int, hidden: int) -> tuple[dict[str, Callabl
     state["opt"] = opt.init(state["params"])
 
     def loss_fn(params: Any) -> jax.Array:
-        return jnp.mean((model.apply(params, x) - y) ** 2)
+        return jnp.mean((cast(jax.Array, model.apply(params, x)) - y) ** 2)
 
     def make(health: Callable[[Any], dict[str, jax.Array]] | None) -> Callable[[], Any]:
         @jax.jit
@@ -92,7 +93,7 @@ def steps_for(batch: int, features: int, hidden: int) -> tuple[dict[str, Callabl
             return optax.apply_updates(params, updates), opt_state, loss, out
 
         def step() -> Any:
-            state["params"], state["opt"], loss, out = train_step(state["params"], state["opt"])
+            state["params"], state["opt"], loss, _ = train_step(state["params"], state["opt"])
             return loss
 
         return step
@@ -109,7 +110,7 @@ def block(step: Callable[[], Any], n: int) -> float:
     for _ in range(n):
         step().block_until_ready()
         marks.append(time.perf_counter())
-    return statistics.median(b - a for a, b in zip(marks, marks[1:], strict=False))
+    return statistics.median(b - a for a, b in itertools.pairwise(marks))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

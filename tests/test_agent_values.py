@@ -255,6 +255,22 @@ def test_builder_reads_tensors_of_every_kind_and_drops_the_rest() -> None:
     assert [row.get("t") for _, row in _rows(batch)] == [*_expect_row(good), *[None] * len(bad)]
 
 
+@needs_torch
+def test_a_column_of_tensors_alone_is_read_whole_as_the_values_themselves() -> None:
+    assert torch is not None
+    weight = torch.tensor(0.5, requires_grad=True)
+    kinds = [
+        lambda i: torch.tensor(i / 7),
+        lambda i: weight * i,  # requires_grad, with a grad_fn
+        lambda i: torch.tensor(i, dtype=torch.int32),
+        lambda i: torch.tensor([i / 3]).to(torch.bfloat16),
+    ]
+    column = [kinds[i % 4](i) for i in range(40)]  # one type, every value one number: read in one pass
+    batch, dropped = build_step_batch([(i, 0.0, {"t": v, "x": 1.0}) for i, v in enumerate(column)], now=0.0)
+    assert batch is not None and dropped == {}
+    assert [row["t"] for _, row in _rows(batch)] == [float(v.detach().reshape(())) for v in column]
+
+
 # ---- event fields ---------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainvigil.agents._values import as_float
+from trainvigil.agents.columnar import _to_floats
 from trainvigil.agents.integrations import jax as vigil_jax
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "integrations" / "jax_mlp.py"
@@ -98,13 +98,14 @@ def test_grad_health_is_the_float32_global_norm_and_counts_non_finite_values(
     assert float(got["grad_norm"]) == np.inf and float(got["grad_nonfinite"]) == 0.0
 
 
-def test_the_agent_reads_jax_scalars_as_numbers() -> None:
-    assert as_float(jnp.float32(1.5)) == 1.5
-    assert as_float(jnp.asarray([2.5])) == 2.5
-    assert as_float(jnp.asarray(7, jnp.int32)) == 7.0
-    assert as_float(jnp.asarray(True)) == 1.0
-    assert as_float(jnp.asarray(0.3, jnp.bfloat16)) == pytest.approx(0.3, rel=1e-2)
-    nan = as_float(jnp.float32(np.nan))
-    assert nan is not None and np.isnan(nan)
-    assert as_float(jnp.asarray([1.0, 2.0])) is None
-    assert as_float(jnp.asarray(1 + 2j)) is None
+def test_the_agent_reads_a_column_of_jax_scalars_and_drops_only_what_is_not_one_number() -> None:
+    good = [jnp.float32(1.5), jnp.asarray([2.5]), jnp.asarray(7, jnp.int32), jnp.asarray(True),
+            jnp.asarray(0.3, jnp.bfloat16), jnp.float32(np.nan)]  # fmt: skip
+    expected = [1.5, 2.5, 7.0, 1.0, float(np.asarray(jnp.asarray(0.3, jnp.bfloat16), np.float64)), np.nan]
+    values, present = _to_floats(good)
+    assert present is None
+    np.testing.assert_array_equal(values, expected)
+
+    values, present = _to_floats([*good, jnp.asarray([1.0, 2.0]), jnp.asarray(1 + 2j)])
+    assert present is not None and present.tolist() == [True] * len(good) + [False, False]
+    np.testing.assert_array_equal(values[: len(good)], expected)

@@ -19,6 +19,8 @@ digest through the current agent, as ``trainvigil.checkpoint`` does.
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 from typing import Any
 
@@ -59,10 +61,10 @@ def grad_health(grads: Any) -> dict[str, jax.Array]:
         def count() -> jax.Array:
             return jnp.sum(~jnp.isfinite(flat)).astype(jnp.float32)
     else:
-        squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves)
+        squares = functools.reduce(operator.add, (jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves))
 
         def count() -> jax.Array:
-            return sum(jnp.sum(~jnp.isfinite(g)) for g in leaves).astype(jnp.float32)
+            return functools.reduce(operator.add, (jnp.sum(~jnp.isfinite(g)) for g in leaves)).astype(jnp.float32)
 
     bad = jax.lax.cond(jnp.isfinite(squares), lambda: jnp.float32(0.0), count)
     return {"grad_norm": jnp.sqrt(squares), "grad_nonfinite": bad}

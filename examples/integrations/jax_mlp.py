@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -60,7 +60,7 @@ def main() -> None:
     opt_state = opt.init(params)
 
     def loss_fn(params: Any) -> jax.Array:
-        return jnp.mean((model.apply(params, x) - y) ** 2)
+        return jnp.mean((cast(jax.Array, model.apply(params, x)) - y) ** 2)
 
     @jax.jit
     def train_step(params: Any, opt_state: Any, step: jax.Array) -> tuple[Any, Any, jax.Array, dict[str, jax.Array]]:
