@@ -9,7 +9,6 @@ Nothing here raises: a value that breaks a conversion is refused like any other.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,7 +55,10 @@ def as_float(value: Any) -> float | None:
     return None
 
 
-@functools.cache
+_READERS: dict[type, Callable[[Any], Any] | None] = {}
+""":func:`array_reader`'s answers by type."""
+
+
 def array_reader(cls: type) -> Callable[[Any], Any] | None:
     """How to read the one element of a torch tensor (``item()``) or a JAX array (through NumPy, a third of
     what its ``float()`` costs); ``None`` for any other type. The agent reads a column of one such type
@@ -65,11 +67,15 @@ def array_reader(cls: type) -> Callable[[Any], Any] | None:
     The reader raises when the value holds more or fewer elements than one, and returns a complex for a
     complex one: callers refuse both.
     """
+    if cls in _READERS:
+        return _READERS[cls]
+    read: Callable[[Any], Any] | None = None
     if hasattr(cls, "detach") and hasattr(cls, "numel") and hasattr(cls, "item"):
-        return cls.item  # type: ignore[no-any-return]
-    if cls.__module__.partition(".")[0] in ("jax", "jaxlib") and hasattr(cls, "__array__"):
-        return _numpy_item
-    return None
+        read = cls.item
+    elif cls.__module__.partition(".")[0] in ("jax", "jaxlib") and hasattr(cls, "__array__"):
+        read = _numpy_item
+    _READERS[cls] = read
+    return read
 
 
 def _numpy_item(value: Any) -> Any:

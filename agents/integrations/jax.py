@@ -37,34 +37,21 @@ from trainvigil.errors import CheckpointIntegrityError
 CODEC = "flax-msgpack"
 
 
-FLAT_MAX = 1 << 24
-"""Gradient elements up to which :func:`grad_health` sums squares over one flat float32 copy (at most
-64 MiB): one copy and one dot instead of a reduction per leaf, which on a small step is the cheaper by a
-fixed cost per kernel. Beyond it, the copy's memory would matter more, and each leaf is reduced in place."""
-
-
 def grad_health(grads: Any) -> dict[str, jax.Array]:
     """``{"grad_norm": ..., "grad_nonfinite": ...}`` of a gradient pytree, for use inside ``jax.jit``.
 
     The norm is over every floating leaf in float32 (NaN or Inf as soon as any gradient is). The
     non-finite values are counted only when the norm is not finite (``lax.cond``): a finite sum of
-    squares means there are none, so a healthy step pays for one reduction, not two.
+    squares means there are none, so a healthy step pays for one reduction a leaf, not two.
     """
     leaves = [jnp.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
     leaves = [g for g in leaves if jnp.issubdtype(g.dtype, jnp.inexact)]
     if not leaves:
         return {"grad_norm": jnp.float32(0.0), "grad_nonfinite": jnp.float32(0.0)}
-    if sum(g.size for g in leaves) <= FLAT_MAX:
-        flat = jnp.concatenate([jnp.ravel(g).astype(jnp.float32) for g in leaves])
-        squares = jnp.dot(flat, flat, precision=jax.lax.Precision.HIGHEST)
+    squares = functools.reduce(operator.add, (jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves))
 
-        def count() -> jax.Array:
-            return jnp.sum(~jnp.isfinite(flat)).astype(jnp.float32)
-    else:
-        squares = functools.reduce(operator.add, (jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves))
-
-        def count() -> jax.Array:
-            return functools.reduce(operator.add, (jnp.sum(~jnp.isfinite(g)) for g in leaves)).astype(jnp.float32)
+    def count() -> jax.Array:
+        return functools.reduce(operator.add, (jnp.sum(~jnp.isfinite(g)) for g in leaves)).astype(jnp.float32)
 
     bad = jax.lax.cond(jnp.isfinite(squares), lambda: jnp.float32(0.0), count)
     return {"grad_norm": jnp.sqrt(squares), "grad_nonfinite": bad}
