@@ -6,7 +6,7 @@ Inside the step, :func:`grad_health` returns two device scalars with the step's 
 global gradient norm (NaN or Inf as soon as any gradient is: ``non_finite`` pages on that step) and
 the count of non-finite gradient values (counted only on a step whose norm is not finite). Hand them
 to ``agent.log(step, loss=loss, **health)`` as they are: ``log()`` keeps the arrays and the agent's
-own thread reads them (``item()``) when it packs the step, so the training loop never waits for the
+own thread reads them when it packs the step, so the training loop never waits for the
 device (no ``block_until_ready``, no host callback per step). Keep a step's outputs alive only that
 long: the agent drops them once packed.
 
