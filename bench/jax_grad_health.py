@@ -5,13 +5,14 @@ variants that differ only in the gradient health they compute: none, ``grad_heal
 of squares per leaf; non-finite values counted only on a step whose norm is not finite), its first
 version (a sum of squares and a count of non-finite values per leaf, both every step), and an
 alternative tried and not taken (one flat float32 copy of the gradients and one dot: cheaper when XLA
-runs on one core, dearer on two, and a copy of every gradient in memory). Blocks of
+runs on one core, dearer on two, and a copy of every gradient in memory). Each with plain Adam and
+with ``optax.clip_by_global_norm`` before it: XLA then computes the sum of squares once for both. Blocks of
 ``--block`` steps of each variant run in a random order, ``--rounds`` times; each step waits for its
 loss so the clock reads whole steps. The ratio is the median over rounds of each block's median step
 to the same round's block without health, with a bootstrap 95 % interval. No agent runs: this is the
 cost inside the step (``integrations_overhead.py`` times the whole example with the agent).
 
-    python bench/jax_grad_health.py                  # a ~1 ms and a ~4 ms step on the CPU
+    python bench/jax_grad_health.py                  # a small and a larger MLP, with and without clipping
     taskset -c 0 python bench/jax_grad_health.py     # XLA on one core
 """
 
@@ -37,6 +38,11 @@ from trainvigil.agents.integrations import jax as vigil_jax
 
 SIZES = {"small": (512, 64, 1024), "larger": (1024, 256, 1024)}
 """Name -> (batch, features, hidden) of the MLP ``features -> hidden -> 1``."""
+OPTIMIZERS: dict[str, Callable[[], optax.GradientTransformation]] = {
+    "adam": lambda: optax.adam(1e-3),
+    "clip + adam": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+}
+"""The optimizers stepped: with global-norm clipping, XLA computes the gradients' sum of squares once for both."""
 
 
 class MLP(nn.Module):
@@ -76,12 +82,14 @@ VARIANTS: dict[str, Callable[[Any], dict[str, jax.Array]] | None] = {
 }
 
 
-def steps_for(batch: int, features: int, hidden: int) -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
+def steps_for(
+    batch: int, features: int, hidden: int, optimizer: str
+) -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
     """One step function per variant over shared parameters, and a reset of the optimizer state."""
     model, key = MLP(hidden), jax.random.PRNGKey(0)
     x = jax.random.normal(key, (batch, features))
     y = x.sum(1, keepdims=True)
-    opt = optax.adam(1e-3)
+    opt = OPTIMIZERS[optimizer]()
     state: dict[str, Any] = {"params": model.init(key, x)}
     state["opt"] = opt.init(state["params"])
 
@@ -119,13 +127,13 @@ def block(step: Callable[[], Any], n: int) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=20, help="random-order rounds of one block per variant")
+    parser.add_argument("--rounds", type=int, default=12, help="random-order rounds of one block per variant")
     parser.add_argument("--block", type=int, default=200, help="steps per block")
     args = parser.parse_args(argv)
     rng = random.Random(0)
     rows = []
-    for size, (batch, features, hidden) in SIZES.items():
-        steps, reset = steps_for(batch, features, hidden)
+    for (size, (batch, features, hidden)), optimizer in itertools.product(SIZES.items(), OPTIMIZERS):
+        steps, reset = steps_for(batch, features, hidden, optimizer)
         for step in steps.values():  # compile and warm each
             block(step, 20)
         times: dict[str, list[float]] = {name: [] for name in steps}
@@ -135,16 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in order:
                 times[name].append(block(steps[name], args.block))
             reset()
-            print(f"  {size}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
+            print(f"  {size}, {optimizer}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
         base = times["no health"]
         for name, medians in times.items():
             ratios = [m / b for m, b in zip(medians, base, strict=True)]
             low, high = median_interval(ratios)
-            rows.append((size, f"MLP {features}-{hidden}-1, batch {batch}", name,
+            rows.append((f"MLP {features}-{hidden}-1, batch {batch}", optimizer, name,
                          f"{1e3 * statistics.median(medians):.3f}", f"{statistics.median(ratios):.3f}x",
                          f"{low:.3f}-{high:.3f}"))  # fmt: skip
     print()
-    print(table(("step", "model", "variant", "median step ms", "ratio", "95 % interval"), rows))
+    print(table(("model", "optimizer", "variant", "median step ms", "ratio", "95 % interval"), rows))
     return 0
 
 
