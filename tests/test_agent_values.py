@@ -29,7 +29,7 @@ import trainvigil
 from trainvigil.agents import Agent, columnar
 from trainvigil.agents import batcher as worker_module
 from trainvigil.agents._values import MAX_ITEMS, make_event
-from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch
+from trainvigil.agents.columnar import Entry, StepBatchBuilder, _to_floats, build_step_batch
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import StreamConfig
 from trainvigil.schemas import Envelope, RunEvent, RunStart, StepBatch, decode, run_token
@@ -269,6 +269,41 @@ def test_a_column_of_tensors_alone_is_read_whole_as_the_values_themselves() -> N
     batch, dropped = build_step_batch([(i, 0.0, {"t": v, "x": 1.0}) for i, v in enumerate(column)], now=0.0)
     assert batch is not None and dropped == {}
     assert [row["t"] for _, row in _rows(batch)] == [float(v.detach().reshape(())) for v in column]
+
+
+_TENSOR_KINDS: list[tuple[str, Any]] = (
+    []
+    if torch is None
+    else [
+        ("float32", lambda x: torch.tensor(x)),
+        ("float16", lambda x: torch.tensor(x, dtype=torch.float16)),
+        ("bfloat16, 1 element", lambda x: torch.tensor([x], dtype=torch.bfloat16)),
+        ("int64", lambda x: torch.tensor(int(max(-1e15, min(1e15, x))) if math.isfinite(x) else 7)),
+        ("bool", lambda x: torch.tensor(x > 0)),
+        ("requires grad", lambda x: torch.tensor(x, requires_grad=True) * 1),
+        ("two elements", lambda x: torch.tensor([x, x])),
+        ("empty", lambda x: torch.zeros(0)),
+        ("complex", lambda x: torch.tensor(complex(x, 1.0))),
+    ]
+)
+
+
+@needs_torch
+@settings(max_examples=200, deadline=None)
+@given(column=st.lists(st.tuples(st.integers(0, 8), st.floats(width=32)), min_size=1, max_size=12))
+def test_a_column_of_tensors_reads_each_tensor_holding_one_real_number_and_refuses_the_rest(
+    column: list[tuple[int, float]],
+) -> None:
+    values = [_TENSOR_KINDS[k][1](x) for k, x in column]
+    got, present = _to_floats(values)
+    # the oracle, independent of the agent's readers: one real element, or refused
+    expected = [None if v.numel() != 1 or v.is_complex() else float(v.detach().reshape(())) for v in values]
+    assert (present is None) == all(e is not None for e in expected)
+    if present is not None:
+        assert present.tolist() == [e is not None for e in expected]
+    for value, e in zip(got.tolist(), expected, strict=True):
+        if e is not None:
+            assert value == e or (math.isnan(value) and math.isnan(e))
 
 
 # ---- event fields ---------------------------------------------------------------------------
