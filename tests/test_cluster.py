@@ -105,6 +105,11 @@ def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
     yield from _running(tmp_path / "nats", 3)
 
 
+STREAM_BYTES = 2**30
+"""Each shard's stream limit here: far above what a test writes, and no reservation that a disk with a few
+GiB free refuses."""
+
+
 @pytest.fixture
 def one_node(tmp_path: Path) -> Iterator[NatsCluster]:
     yield from _running(tmp_path / "nats", 1)
@@ -116,6 +121,9 @@ def start_shards(tmp_path: Path) -> Iterator[Callable[[str, dict[str, str]], lis
     started: list[ShardDaemon] = []
 
     def start(url: str, env: dict[str, str]) -> list[ShardDaemon]:
+        # Each shard's stream reserves its max_bytes on every node that holds it, and nats-server refuses a
+        # stream past ~75 % of the free disk: at the default 10 GiB, two R3 shards need 27 GiB free per node.
+        env = {"VIGIL_STREAM_MAX_BYTES": str(STREAM_BYTES), **env}
         shards = [ShardDaemon(url, tmp_path / f"s{i}", ShardId(i, SHARDS), env=env) for i in range(SHARDS)]
         for d in shards:
             d.start()
