@@ -27,15 +27,18 @@ CHILD_OFFSET = 1_000_000
 class NatsServer:
     """A real nats-server with JetStream in a temp dir; can be stopped and started again."""
 
-    def __init__(self, store_dir: Path) -> None:
+    def __init__(self, store_dir: Path, config_file: Path | None = None) -> None:
         self.port = free_port()
         self.store_dir = store_dir
+        self.config_file = config_file
         self.url = f"nats://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            server_args(find_binary(), self.port, self.store_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            server_args(find_binary(), self.port, self.store_dir, config_file=self.config_file),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_for(lambda: port_open("127.0.0.1", self.port), 10, "nats-server to listen")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 import structlog
-from support import NatsServer, free_port
+from support import Daemon, NatsServer, free_port, wait_for
 
 from trainvigil.daemon.broker.embedded import supervise
 from trainvigil.daemon.store.writer import Store
@@ -56,6 +56,12 @@ class Setting:
     def broker(self) -> str:
         return self._broker().url
 
+    def small_broker(self) -> str:
+        """A broker whose JetStream may store 64 MB, far less than the stream's default limit reserves."""
+        server = small_broker(self.tmp)
+        self._cleanups.append(server.stop)
+        return server.url
+
     def unreachable(self) -> str:
         return f"nats://127.0.0.1:{self.closed}"
 
@@ -87,6 +93,14 @@ class Setting:
             cleanup()
 
 
+def small_broker(tmp: Path) -> NatsServer:
+    """A started nats-server whose JetStream may store 64 MB in all."""
+    conf = _write(tmp / "small-nats.conf", "jetstream {\n  max_file_store: 64MB\n}\n")
+    server = NatsServer(tmp / "small-jetstream", config_file=conf)
+    server.start()
+    return server
+
+
 def _write(path: Path, data: str | bytes) -> Path:
     if isinstance(data, bytes):
         path.write_bytes(data)
@@ -100,6 +114,11 @@ CASES: dict[str, Callable[[Setting], Case]] = {
         ["up", "--nats", s.unreachable(), "--data-dir", str(s.tmp / "d"), "--http-port", "0"],
         3,
         [s.unreachable(), "within 2 s"],
+    ),
+    "up: the broker has no room for the stream's limit": lambda s: Case(
+        ["up", "--nats", s.small_broker(), "--data-dir", str(s.tmp / "d"), "--http-port", "0"],
+        2,
+        ["insufficient storage", "10 GiB", "stream.max_bytes", "VIGIL_STREAM_MAX_BYTES"],
     ),
     "up: malformed broker URL": lambda s: Case(["up", "--nats", "garbage", "--data-dir", str(s.tmp)], 2, ["'garbage'"]),
     "up: embedded port held by a program that is not NATS": lambda s: Case(
@@ -243,6 +262,24 @@ def test_failure_is_one_line_with_the_documented_exit_code(name: str, outcomes: 
     for part in case.names:
         assert part in said[0], said[0]
     assert took < BOUND_S
+
+
+def test_a_smaller_stream_limit_fits_a_broker_with_little_storage(tmp_path: Path) -> None:
+    """The way out that the error names: with stream.max_bytes under what the broker may store, the daemon runs
+    on that broker and stores what an agent sends."""
+    server = small_broker(tmp_path)
+    daemon = Daemon(server.url, tmp_path / "data", env={"VIGIL_STREAM_MAX_BYTES": str(32 * 2**20)})
+    try:
+        daemon.start()
+        env = {**os.environ, "VIGIL_NATS_URL": server.url}
+        code = "import trainvigil; a = trainvigil.init(run_id='small'); [a.log(i, loss=1.0) for i in range(20)]; " \
+               "assert a.close(timeout=30)"  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'small'") == 20, 30, "the steps")
+    finally:
+        daemon.terminate()
+        server.stop()
 
 
 def test_version_prints_the_package_version() -> None:

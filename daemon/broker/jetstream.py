@@ -12,9 +12,10 @@ import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from trainvigil.daemon.config import StreamConfig
+from trainvigil.errors import ConfigError
 from trainvigil.schemas import STREAM_SUBJECTS
 
 log = structlog.get_logger("trainvigil.jetstream")
@@ -42,7 +43,11 @@ async def ensure_stream(
     try:
         info = await js.stream_info(cfg.name)
     except NotFoundError:
-        info = await js.add_stream(config)
+        try:
+            info = await js.add_stream(config)
+        except APIError as exc:
+            _refused_for_storage(exc, cfg)
+            raise
         log.info("stream_created", stream=cfg.name, subjects=subjects, replicas=cfg.replicas)
         return info
     current = info.config
@@ -55,7 +60,11 @@ async def ensure_stream(
         or current.max_msgs_per_subject != config.max_msgs_per_subject
         or bool(current.discard_new_per_subject) != config.discard_new_per_subject
     ):
-        info = await js.update_stream(config)
+        try:
+            info = await js.update_stream(config)
+        except APIError as exc:
+            _refused_for_storage(exc, cfg)
+            raise
         log.info(
             "stream_updated",
             stream=cfg.name,
@@ -66,6 +75,30 @@ async def ensure_stream(
             replicas=cfg.replicas,
         )
     return info
+
+
+STORAGE_REFUSALS = frozenset({10023, 10047})
+"""JetStream's "insufficient resources" and "insufficient storage resources available"; a cluster says
+"no suitable peers for placement" (10005) with "insufficient storage" in the description."""
+
+
+def _refused_for_storage(exc: APIError, cfg: StreamConfig) -> None:
+    """Raise a :class:`ConfigError` naming ``stream.max_bytes`` when the broker refused the stream for
+    want of storage: it will not find the room by being asked again.
+
+    Raises:
+        ConfigError: the broker has less storage to reserve than ``cfg.max_bytes``.
+    """
+    description = str(exc.description or "")
+    if exc.err_code in STORAGE_REFUSALS or (exc.err_code == 10005 and "storage" in description):
+        limit = "no limit" if cfg.max_bytes == -1 else f"{cfg.max_bytes / 2**30:g} GiB"
+        raise ConfigError(
+            f"the NATS server has no room for the stream {cfg.name} ({description}, err_code {exc.err_code}): "
+            f"it reserves the stream's max_bytes ({limit}) on each node that holds it, out of about 75 % of "
+            "the free disk under its store directory (the daemon's data dir for the bundled one). Free disk "
+            "space there, or set a smaller stream.max_bytes (VIGIL_STREAM_MAX_BYTES)",
+            key="stream.max_bytes",
+        ) from exc
 
 
 async def restore_stream(
