@@ -70,8 +70,8 @@ def array_reader(cls: type) -> Callable[[Any], Any] | None:
     if cls in _READERS:
         return _READERS[cls]
     read: Callable[[Any], Any] | None = None
-    if hasattr(cls, "detach") and hasattr(cls, "numel") and hasattr(cls, "item"):
-        read = cls.item
+    if _is_tensor(cls):  # the class has the methods its tensors have
+        read = cls.item  # type: ignore[attr-defined]  # (mypy cannot see it through hasattr on _is_tensor)
     elif cls.__module__.partition(".")[0] in ("jax", "jaxlib") and hasattr(cls, "__array__"):
         read = _numpy_item
     _READERS[cls] = read

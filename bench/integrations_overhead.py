@@ -10,11 +10,10 @@ logs through it, as it does in a script that starts its own agent). The ratio is
 pairs of each pair's ratio of median step times (each script marks its framework's step ends with
 the same hook in both arms: ``examples/integrations/_common.py``); the ratio of whole training calls
 (``Trainer.train``'s ``train_runtime``; ``Trainer.fit``, ``PPO.learn``, the JAX loop and rank 0's Ray
-Train loop timed around the call) is
-printed beside it. nats-server and the daemon run on the machine's last core and the training on the
-others (``--shared`` leaves them together): on a 2-core machine the daemon ingesting the 'with' run
-took CPU from the training and its cost read as the integration's; a daemon is a sidecar with a core
-of its own.
+Train loop timed around the call) is printed beside it. nats-server and the daemon run on the machine's
+last core and the training on the others (``--shared`` leaves them together): on a 2-core machine the
+daemon ingesting the 'with' run took CPU from the training and its cost read as the integration's; a
+daemon is a sidecar with a core of its own.
 Beside the ratio: a bootstrap 95 % interval of its median (a run's step time moves a few per cent
 between processes, so a 1 % effect needs many pairs to show), and the CPU the agent's thread used over
 the "with" run's training (it runs on the training's cores), which the ratio cannot resolve alone.

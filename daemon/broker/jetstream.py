@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -43,11 +43,8 @@ async def ensure_stream(
     try:
         info = await js.stream_info(cfg.name)
     except NotFoundError:
-        try:
+        with _storage_refusal(cfg):
             info = await js.add_stream(config)
-        except APIError as exc:
-            _refused_for_storage(exc, cfg)
-            raise
         log.info("stream_created", stream=cfg.name, subjects=subjects, replicas=cfg.replicas)
         return info
     current = info.config
@@ -60,11 +57,8 @@ async def ensure_stream(
         or current.max_msgs_per_subject != config.max_msgs_per_subject
         or bool(current.discard_new_per_subject) != config.discard_new_per_subject
     ):
-        try:
+        with _storage_refusal(cfg):
             info = await js.update_stream(config)
-        except APIError as exc:
-            _refused_for_storage(exc, cfg)
-            raise
         log.info(
             "stream_updated",
             stream=cfg.name,
@@ -82,23 +76,28 @@ STORAGE_REFUSALS = frozenset({10023, 10047})
 "no suitable peers for placement" (10005) with "insufficient storage" in the description."""
 
 
-def _refused_for_storage(exc: APIError, cfg: StreamConfig) -> None:
-    """Raise a :class:`ConfigError` naming ``stream.max_bytes`` when the broker refused the stream for
-    want of storage: it will not find the room by being asked again.
+@contextlib.contextmanager
+def _storage_refusal(cfg: StreamConfig) -> Iterator[None]:
+    """Turn the broker's refusal of the stream for want of storage into a :class:`ConfigError` naming
+    ``stream.max_bytes``: it will not find the room by being asked again. Other errors pass as they are.
 
     Raises:
         ConfigError: the broker has less storage to reserve than ``cfg.max_bytes``.
     """
-    description = str(exc.description or "")
-    if exc.err_code in STORAGE_REFUSALS or (exc.err_code == 10005 and "storage" in description):
-        limit = "no limit" if cfg.max_bytes == -1 else f"{cfg.max_bytes / 2**30:g} GiB"
-        raise ConfigError(
-            f"the NATS server has no room for the stream {cfg.name} ({description}, err_code {exc.err_code}): "
-            f"it reserves the stream's max_bytes ({limit}) on each node that holds it, out of about 75 % of "
-            "the free disk under its store directory (the daemon's data dir for the bundled one). Free disk "
-            "space there, or set a smaller stream.max_bytes (VIGIL_STREAM_MAX_BYTES)",
-            key="stream.max_bytes",
-        ) from exc
+    try:
+        yield
+    except APIError as exc:
+        description = str(exc.description or "")
+        if exc.err_code in STORAGE_REFUSALS or (exc.err_code == 10005 and "storage" in description):
+            limit = "no limit" if cfg.max_bytes == -1 else f"{cfg.max_bytes / 2**30:g} GiB"
+            raise ConfigError(
+                f"the NATS server has no room for the stream {cfg.name} ({description}, err_code {exc.err_code}): "
+                f"it reserves the stream's max_bytes ({limit}) on each node that holds it, out of about 75 % of "
+                "the free disk under its store directory (the daemon's data dir for the bundled one). Free disk "
+                "space there, or set a smaller stream.max_bytes (VIGIL_STREAM_MAX_BYTES)",
+                key="stream.max_bytes",
+            ) from exc
+        raise
 
 
 async def restore_stream(
