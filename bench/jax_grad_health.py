@@ -1,36 +1,47 @@
 """What ``trainvigil.jax.grad_health`` adds to a jitted training step, measured inside one process.
 
 A Flax MLP with optax (the README's JAX example, ``examples/integrations/jax_mlp.py``) is jitted in
-variants that differ only in the gradient health they compute: none, ``grad_health`` as shipped (a sum
-of squares per leaf; non-finite values counted only on a step whose norm is not finite), its first
-version (a sum of squares and a count of non-finite values per leaf, both every step), and an
-alternative tried and not taken (one flat float32 copy of the gradients and one dot: cheaper when XLA
-runs on one core, dearer on two, and a copy of every gradient in memory). Each with plain Adam and
-with ``optax.clip_by_global_norm`` before it: XLA then computes the sum of squares once for both. Blocks of
-``--block`` steps of each variant run in a random order, ``--rounds`` times; each step waits for its
-loss so the clock reads whole steps. The ratio is the median over rounds of each block's median step
-to the same round's block without health, with a bootstrap 95 % interval. No agent runs: this is the
-cost inside the step (``integrations_overhead.py`` times the whole example with the agent).
+variants that differ only in the gradient health they compute: none; ``grad_health`` as shipped (the
+leaves through an ``optimization_barrier``, then a sum of squares per leaf; non-finite values counted
+only on a step whose norm is not finite); its previous version (the same without the barrier: XLA
+merged its squares with Adam's and, on the CPU, wrote them out as a gradient-sized buffer); and its
+first version (a sum of squares and a count of non-finite values per leaf, both every step). Each with
+plain Adam and with ``optax.clip_by_global_norm`` before it. Blocks of ``--block`` steps of each
+variant run in a random order, ``--rounds`` times; each step waits for its loss so the clock reads
+whole steps. The ratio is the median over rounds of each block's median step to the same round's block
+without health, with a bootstrap 95 % interval. No agent runs in those: that is the cost inside the step.
+
+``--agent`` adds the whole integration, side by side in the same process: a real nats-server and daemon
+start pinned to the machine's last core, and two more variants log every step through an agent that
+is started (connected, settled) before each of their blocks and closed after it: the loss alone, and
+the loss with ``grad_health``'s two device scalars (the README's example). Between fresh processes a
+step moves about 5 % (``integrations_overhead.py``); between blocks of one process, about 1 %.
 
     python bench/jax_grad_health.py                  # a small and a larger MLP, with and without clipping
     taskset -c 0 python bench/jax_grad_health.py     # XLA on one core
+    taskset -c 0 python bench/jax_grad_health.py --agent --size larger --optimizer adam   # the whole example's cost
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import random
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from _procs import pin, start_services
 from _stats import median_interval
 from tables import table
 
@@ -61,14 +72,13 @@ def first_version(grads: Any) -> dict[str, jax.Array]:
     return {"grad_norm": jnp.sqrt(squares), "grad_nonfinite": jnp.asarray(bad, jnp.float32)}
 
 
-def flat_dot(grads: Any) -> dict[str, jax.Array]:
-    """An alternative: one flat float32 copy of the gradients and one dot (the count as ``grad_health``)."""
+def previous_version(grads: Any) -> dict[str, jax.Array]:
+    """``grad_health`` before the barrier: its squares are the optimizer's, merged by XLA (the reference)."""
     leaves = [g for g in jax.tree_util.tree_leaves(grads) if jnp.issubdtype(g.dtype, jnp.inexact)]
-    flat = jnp.concatenate([jnp.ravel(g).astype(jnp.float32) for g in leaves])
-    squares = jnp.dot(flat, flat, precision=jax.lax.Precision.HIGHEST)
+    squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves)
 
     def count() -> jax.Array:
-        return jnp.sum(~jnp.isfinite(flat)).astype(jnp.float32)
+        return jnp.asarray(sum(jnp.sum(~jnp.isfinite(g)) for g in leaves), jnp.float32)
 
     bad = jax.lax.cond(jnp.isfinite(squares), lambda: jnp.float32(0.0), count)
     return {"grad_norm": jnp.sqrt(squares), "grad_nonfinite": bad}
@@ -77,9 +87,11 @@ def flat_dot(grads: Any) -> dict[str, jax.Array]:
 VARIANTS: dict[str, Callable[[Any], dict[str, jax.Array]] | None] = {
     "no health": None,
     "grad_health": vigil_jax.grad_health,
+    "previous version (no barrier)": previous_version,
     "first version (2 reductions a leaf)": first_version,
-    "alternative: flat copy and a dot": flat_dot,
 }
+LOGGED = {"loss, logged by an agent": "no health", "grad_health, logged by an agent": "grad_health"}
+"""``--agent``'s variants: name -> the variant whose step they run, with an agent logging its outputs."""
 
 
 def steps_for(
@@ -104,9 +116,9 @@ def steps_for(
             updates, opt_state = opt.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss, out
 
-        def step() -> Any:
-            state["params"], state["opt"], loss, _ = train_step(state["params"], state["opt"])
-            return loss
+        def step() -> tuple[jax.Array, dict[str, jax.Array]]:
+            state["params"], state["opt"], loss, health = train_step(state["params"], state["opt"])
+            return loss, health
 
         return step
 
@@ -116,41 +128,85 @@ def steps_for(
     return {name: make(health) for name, health in VARIANTS.items()}, reset
 
 
-def block(step: Callable[[], Any], n: int) -> float:
-    """The median of ``n`` whole steps, in seconds."""
+def block(step: Callable[[], Any], n: int, agent: Any = None) -> float:
+    """The median of ``n`` whole steps, in seconds; with ``agent``, each step's outputs logged (device arrays)."""
     marks = [time.perf_counter()]
-    for _ in range(n):
-        step().block_until_ready()
+    for i in range(n):
+        loss, health = step()
+        if agent is not None:
+            agent.log(i, loss=loss, **health)
+        loss.block_until_ready()
         marks.append(time.perf_counter())
     return statistics.median(b - a for a, b in itertools.pairwise(marks))
+
+
+@contextlib.contextmanager
+def logging_agent(run_id: str, settle: float) -> Iterator[Any]:
+    """An agent connected and settled before the block (its start-up is not the step's), closed after."""
+    import trainvigil
+
+    agent = trainvigil.init(run_id=run_id)
+    try:
+        agent.flush(10)
+        time.sleep(settle)
+        yield agent
+    finally:
+        agent.close()
+
+
+@contextlib.contextmanager
+def services(wanted: bool) -> Iterator[None]:
+    """With ``wanted``: nats-server and the daemon on the machine's last core, the agent's URL set; stopped after."""
+    if not wanted:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-jax-") as name, contextlib.ExitStack() as stack:
+        svc = start_services(stack, Path(name))
+        last = (os.cpu_count() or 1) - 1
+        for pid in (svc.nats.pid, svc.daemon.pid):
+            pin(pid, {last})
+        os.environ.update(VIGIL_NATS_URL=svc.url, VIGIL_LOG_LEVEL="warning")
+        print(f"  nats-server and the daemon on cpu {last}; the training on cpus {sorted(os.sched_getaffinity(0))}")
+        yield
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="random-order rounds of one block per variant")
     parser.add_argument("--block", type=int, default=200, help="steps per block")
+    parser.add_argument("--agent", action="store_true", help="add the variants logged by an agent (starts services)")
+    parser.add_argument("--settle", type=float, default=0.3, help="seconds between an agent's start and its block")
+    parser.add_argument("--size", action="append", choices=SIZES, help="a model to run (repeatable; default all)")
+    parser.add_argument("--optimizer", action="append", choices=OPTIMIZERS, help="(repeatable; default all)")
     args = parser.parse_args(argv)
     rng = random.Random(0)
     rows = []
-    for (size, (batch, features, hidden)), optimizer in itertools.product(SIZES.items(), OPTIMIZERS):
-        steps, reset = steps_for(batch, features, hidden, optimizer)
-        for step in steps.values():  # compile and warm each
-            block(step, 20)
-        times: dict[str, list[float]] = {name: [] for name in steps}
-        for r in range(args.rounds):
-            order = list(steps)
-            rng.shuffle(order)
-            for name in order:
-                times[name].append(block(steps[name], args.block))
-            reset()
-            print(f"  {size}, {optimizer}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
-        base = times["no health"]
-        for name, medians in times.items():
-            ratios = [m / b for m, b in zip(medians, base, strict=True)]
-            low, high = median_interval(ratios)
-            rows.append((f"MLP {features}-{hidden}-1, batch {batch}", optimizer, name,
-                         f"{1e3 * statistics.median(medians):.3f}", f"{statistics.median(ratios):.3f}x",
-                         f"{low:.3f}-{high:.3f}"))  # fmt: skip
+    with services(args.agent):
+        for size, optimizer in itertools.product(args.size or SIZES, args.optimizer or OPTIMIZERS):
+            batch, features, hidden = SIZES[size]
+            steps, reset = steps_for(batch, features, hidden, optimizer)
+            for step in steps.values():  # compile and warm each
+                block(step, 20)
+            names = [*steps, *(LOGGED if args.agent else ())]
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(args.rounds):
+                order = list(names)
+                rng.shuffle(order)
+                for name in order:
+                    if name in LOGGED:
+                        with logging_agent(f"jax-grad-health-{os.getpid()}-{size}-{r}", args.settle) as agent:
+                            times[name].append(block(steps[LOGGED[name]], args.block, agent))
+                    else:
+                        times[name].append(block(steps[name], args.block))
+                reset()
+                print(f"  {size}, {optimizer}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
+            base = times["no health"]
+            for name, medians in times.items():
+                ratios = [m / b for m, b in zip(medians, base, strict=True)]
+                low, high = median_interval(ratios)
+                rows.append((f"MLP {features}-{hidden}-1, batch {batch}", optimizer, name,
+                             f"{1e3 * statistics.median(medians):.3f}", f"{statistics.median(ratios):.3f}x",
+                             f"{low:.3f}-{high:.3f}"))  # fmt: skip
     print()
     print(table(("model", "optimizer", "variant", "median step ms", "ratio", "95 % interval"), rows))
     return 0

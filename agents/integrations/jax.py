@@ -43,11 +43,18 @@ def grad_health(grads: Any) -> dict[str, jax.Array]:
     The norm is over every floating leaf in float32 (NaN or Inf as soon as any gradient is). The
     non-finite values are counted only when the norm is not finite (``lax.cond``): a finite sum of
     squares means there are none, so a healthy step pays for one reduction a leaf, not two.
+
+    The leaves pass through an ``optimization_barrier`` first, so that XLA cannot merge their
+    squares with the optimizer's (Adam squares the same gradients for its second moment): merged,
+    the squares had two users and XLA on the CPU wrote them out as a gradient-sized buffer for the
+    reduction to read back (``bench/jax_grad_health.py``). Apart, each leaf's squares are summed in
+    one fused pass, whatever the optimizer does.
     """
     leaves = [jnp.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
     leaves = [g for g in leaves if jnp.issubdtype(g.dtype, jnp.inexact)]
     if not leaves:
         return {"grad_norm": jnp.float32(0.0), "grad_nonfinite": jnp.float32(0.0)}
+    leaves = jax.lax.optimization_barrier(leaves)
     squares = functools.reduce(operator.add, (jnp.sum(jnp.square(g.astype(jnp.float32))) for g in leaves))
 
     def count() -> jax.Array:
