@@ -105,3 +105,32 @@ def test_the_agent_reads_a_column_of_jax_scalars_and_drops_only_what_is_not_one_
     values, present = _to_floats([*good, jnp.asarray([1.0, 2.0]), jnp.asarray(1 + 2j)])
     assert present is not None and present.tolist() == [True] * len(good) + [False, False]
     np.testing.assert_array_equal(values[: len(good)], expected)
+
+
+def _gradient_sized_buffers(health: bool) -> int:
+    """Buffers of the largest gradient's shape that XLA writes in an Adam step (the optimized HLO's ops)."""
+    import re
+
+    import optax
+
+    w = jnp.ones((64, 512))
+    params = {"w": w, "b": jnp.zeros(512)}
+    x = jnp.ones((256, 64))
+    opt = optax.adam(1e-3)
+
+    def step(params: dict[str, jax.Array], state: optax.OptState) -> tuple[object, ...]:
+        grads = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"] + p["b"]) ** 2))(params)
+        out = vigil_jax.grad_health(grads) if health else {}
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, out
+
+    text = jax.jit(step).lower(params, opt.init(params)).compile().as_text()
+    entry = text[text.index("ENTRY") :]
+    return len(re.findall(r"= f32\[64,512\]\{[\d,]*\} (?!parameter)", entry))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="what XLA fuses differs by backend")
+def test_grad_health_makes_xla_write_no_gradient_sized_buffer_beside_adams() -> None:
+    # Adam squares the same gradients: merged with grad_health's squares, XLA on the CPU wrote them out
+    # for the reduction to read back (~2 % of a 6 ms step, bench/jax_grad_health.py); the barrier keeps them apart.
+    assert _gradient_sized_buffers(health=True) == _gradient_sized_buffers(health=False)
