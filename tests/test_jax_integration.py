@@ -124,7 +124,7 @@ def _gradient_sized_buffers(health: bool) -> int:
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, out
 
-    text = jax.jit(step).lower(params, opt.init(params)).compile().as_text()
+    text = jax.jit(step).lower(params, opt.init(params)).compile().as_text() or ""
     entry = text[text.index("ENTRY") :]
     return len(re.findall(r"= f32\[64,512\]\{[\d,]*\} (?!parameter)", entry))
 
