@@ -16,10 +16,13 @@ start pinned to the machine's last core, and two more variants log every step th
 is started (connected, settled) before each of their blocks and closed after it: the loss alone, and
 the loss with ``grad_health``'s two device scalars (the README's example). Between fresh processes a
 step moves about 5 % (``integrations_overhead.py``); between blocks of one process, about 1 %.
+``--agent-cpu N`` moves the agent's thread onto CPU ``N`` (the training stays where it is): what the
+agent costs when its thread does not share the training's core, as on a machine with a core to spare.
 
     python bench/jax_grad_health.py                  # a small and a larger MLP, with and without clipping
     taskset -c 0 python bench/jax_grad_health.py     # XLA on one core
     taskset -c 0 python bench/jax_grad_health.py --agent --size larger --optimizer adam   # the whole example's cost
+    taskset -c 0 python bench/jax_grad_health.py --agent --agent-cpu 1 --size larger --optimizer adam
 """
 
 from __future__ import annotations
@@ -141,12 +144,19 @@ def block(step: Callable[[], Any], n: int, agent: Any = None) -> float:
 
 
 @contextlib.contextmanager
-def logging_agent(run_id: str, settle: float) -> Iterator[Any]:
-    """An agent connected and settled before the block (its start-up is not the step's), closed after."""
+def logging_agent(run_id: str, settle: float, cpu: int | None = None) -> Iterator[Any]:
+    """An agent connected and settled before the block (its start-up is not the step's), closed after;
+    with ``cpu``, its thread moved onto that CPU."""
+    import threading
+
     import trainvigil
 
     agent = trainvigil.init(run_id=run_id)
     try:
+        if cpu is not None:
+            (thread,) = [t for t in threading.enumerate() if t.name == "trainvigil-agent"]
+            assert thread.native_id is not None
+            os.sched_setaffinity(thread.native_id, {cpu})
         agent.flush(10)
         time.sleep(settle)
         yield agent
@@ -176,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=200, help="steps per block")
     parser.add_argument("--agent", action="store_true", help="add the variants logged by an agent (starts services)")
     parser.add_argument("--settle", type=float, default=0.3, help="seconds between an agent's start and its block")
+    parser.add_argument("--agent-cpu", type=int, help="with --agent: the agent thread's CPU (default: the training's)")
     parser.add_argument("--size", action="append", choices=SIZES, help="a model to run (repeatable; default all)")
     parser.add_argument("--optimizer", action="append", choices=OPTIMIZERS, help="(repeatable; default all)")
     args = parser.parse_args(argv)
@@ -194,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rng.shuffle(order)
                 for name in order:
                     if name in LOGGED:
-                        with logging_agent(f"jax-grad-health-{os.getpid()}-{size}-{r}", args.settle) as agent:
+                        run_id = f"jax-grad-health-{os.getpid()}-{size}-{r}"
+                        with logging_agent(run_id, args.settle, args.agent_cpu) as agent:
                             times[name].append(block(steps[LOGGED[name]], args.block, agent))
                     else:
                         times[name].append(block(steps[name], args.block))
