@@ -15,6 +15,7 @@ Latencies are printed (``pytest -s``) as ``canary <fault>: ...``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -103,6 +104,7 @@ class Canary:
     def start(self, nats_url: str, spill: Path) -> None:
         env = {**os.environ, **AGENT_ENV, "VIGIL_NATS_URL": nats_url, "VIGIL_RUN_ID": self.run_id}
         env["VIGIL_SPILL_DIR"] = str(spill)
+        env["PYTHONFAULTHANDLER"] = "1"  # a SIGABRT writes every thread's stack into the log (see dump)
         env.pop(faults.ENV, None)
         if self.fault is not None:
             env[faults.ENV] = self.fault
@@ -119,6 +121,15 @@ class Canary:
             return False
         self.wall = self.wall or time.monotonic() - self.started
         return True
+
+    def dump(self) -> str:
+        """A canary that should have exited: SIGABRT to its process group, so that each process's fault
+        handler writes where every thread is into the log; returns the log's tail."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+        return _log(self)
 
     def kill(self) -> None:
         """SIGKILL to its process group (two_rank's ranks too)."""
@@ -176,7 +187,11 @@ class Stack:
 
     def finish(self, canaries: dict[str, Canary]) -> None:
         """Wait for each process, then for the clean end of each run that exited 0 to be committed."""
-        wait_for(lambda: all([c.exited() for c in canaries.values()]), 180, "the canaries to exit")
+        try:
+            wait_for(lambda: all([c.exited() for c in canaries.values()]), 180, "the canaries to exit")
+        except TimeoutError:
+            stuck = {run_id: c.dump() for run_id, c in canaries.items() if not c.exited()}
+            raise AssertionError(f"canaries still running after 180 s: {stuck}") from None
         self.phase.codes.update({run_id: c.proc.returncode for run_id, c in canaries.items() if c.proc is not None})
         ended = [r for r in canaries if self.phase.codes[r] == 0]
         quoted = ", ".join(f"'{r}'" for r in ended)
