@@ -119,6 +119,11 @@ class Services:
     http_port: int
     db_path: Path
 
+    def pin(self, cpu: int) -> None:
+        """nats-server and the daemon, every thread, onto ``cpu`` (a sidecar's core of its own)."""
+        for pid in (self.nats.pid, self.daemon.pid):
+            pin(pid, {cpu})
+
 
 def start_nats(stack: contextlib.ExitStack, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``nats-server -js`` on a free port with its store under ``tmp``; returns it and its URL."""

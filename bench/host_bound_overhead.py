@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _procs import pin, start_services
+from _procs import start_services
 from _stats import median_interval
 from tables import table
 
@@ -212,8 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = []
     with tempfile.TemporaryDirectory(prefix="bench-host-bound-") as name, contextlib.ExitStack() as stack:
         svc = start_services(stack, Path(name))
-        for pid in (svc.nats.pid, svc.daemon.pid):
-            pin(pid, {cpus[-1]})
+        svc.pin(cpus[-1])
         env = {**os.environ, "VIGIL_NATS_URL": svc.url, "VIGIL_LOG_LEVEL": "warning"}
         for k, (label, ncpus, work, beside) in enumerate(ROWS, 1):
             if args.only and k not in args.only:

@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from _procs import pin, start_services
+from _procs import start_services
 from _stats import median_interval
 from tables import table
 
@@ -89,8 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         svc = start_services(stack, tmp)
         cpus = sorted(os.sched_getaffinity(0))
         if not args.shared and len(cpus) > 1:
-            for pid in (svc.nats.pid, svc.daemon.pid):
-                pin(pid, {cpus[-1]})
+            svc.pin(cpus[-1])
             os.sched_setaffinity(0, set(cpus[:-1]))  # the training processes inherit it
             print(f"  training on cpus {cpus[:-1]}, nats-server and the daemon on cpu {cpus[-1]}", flush=True)
         for framework in args.only or list(COMMANDS):

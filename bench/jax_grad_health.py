@@ -44,7 +44,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _procs import pin, start_services
+from _procs import start_services
 from _stats import median_interval
 from tables import table
 
@@ -173,8 +173,7 @@ def services(wanted: bool) -> Iterator[None]:
     with tempfile.TemporaryDirectory(prefix="bench-jax-") as name, contextlib.ExitStack() as stack:
         svc = start_services(stack, Path(name))
         last = (os.cpu_count() or 1) - 1
-        for pid in (svc.nats.pid, svc.daemon.pid):
-            pin(pid, {last})
+        svc.pin(last)
         os.environ.update(VIGIL_NATS_URL=svc.url, VIGIL_LOG_LEVEL="warning")
         print(f"  nats-server and the daemon on cpu {last}; the training on cpus {sorted(os.sched_getaffinity(0))}")
         yield

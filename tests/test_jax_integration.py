@@ -4,6 +4,7 @@ sync, a NaN in the gradients paged on its step, and pytree checkpoints that ``vi
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ pytest.importorskip("optax")
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from trainvigil.agents.columnar import _to_floats
 from trainvigil.agents.integrations import jax as vigil_jax
@@ -109,12 +111,7 @@ def test_the_agent_reads_a_column_of_jax_scalars_and_drops_only_what_is_not_one_
 
 def _gradient_sized_buffers(health: bool) -> int:
     """Buffers of the largest gradient's shape that XLA writes in an Adam step (the optimized HLO's ops)."""
-    import re
-
-    import optax
-
-    w = jnp.ones((64, 512))
-    params = {"w": w, "b": jnp.zeros(512)}
+    params = {"w": jnp.ones((64, 512)), "b": jnp.zeros(512)}
     x = jnp.ones((256, 64))
     opt = optax.adam(1e-3)
 
@@ -131,7 +128,7 @@ def _gradient_sized_buffers(health: bool) -> int:
 
 def test_grad_health_makes_xla_write_no_gradient_sized_buffer_beside_adams() -> None:
     # (asked here, not in a skipif: starting JAX's backend while tests collect would put its threads
-    # into every later fork of this process, the canary and GIL tests' among them)
+    # into every later os.fork() of this process, the GIL tests' among them)
     if jax.default_backend() != "cpu":
         pytest.skip("what XLA fuses differs by backend")
     # Adam squares the same gradients: merged with grad_health's squares, XLA on the CPU wrote them out
