@@ -1,6 +1,6 @@
 """Where a stuck training loop is: a short stack sample of the training thread for heartbeats.
 
-Only when no step has completed for ``after_s`` does the worker look (``sys._current_frames``,
+Only when no step has completed for ``after_s`` does the worker look (``current_frames``,
 a few microseconds, on the agent's thread): a healthy loop never pays for it. The daemon's
 ``hang`` detector puts the frames in its page ("stuck in all_reduce").
 """
@@ -8,12 +8,13 @@ a few microseconds, on the agent's thread): a healthy loop never pays for it. Th
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import traceback
 
 from trainvigil.schemas.limits import MAX_FRAMES, MAX_NAME
+
+from ._frames import current_frames
 
 FRAMES = 8
 """Innermost frames kept: enough to see the library call and the user's line that made it."""
@@ -37,7 +38,7 @@ class StuckProbe:
             return []
         if last_step is None or now - self._since < self.after_s or self.thread_id is None:
             return []
-        frame = sys._current_frames().get(self.thread_id)
+        frame = current_frames().get(self.thread_id)
         if frame is None or self.thread_id == threading.get_ident():
             return []
         frames = traceback.extract_stack(frame)[-min(FRAMES, MAX_FRAMES) :]

@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from types import FrameType
 
+from .._frames import current_frames
+
 SUPPORTED = sys.platform.startswith("linux") and hasattr(time, "pthread_getcpuclockid")
 PAUSE = 2e-4
 """Seconds a tick holds the GIL before looking after a contended acquisition (the previous holder settles)."""
@@ -188,7 +190,7 @@ class Attribution:
                 now[tid] = clock_gettime(_thread_cpu_clock(tid))
             except OSError:
                 continue  # exited since the listing
-        frames = sys._current_frames()
+        frames = current_frames()
         for tid, cpu in now.items():
             thread = threads[tid]
             tally = self._tally.get(tid)
