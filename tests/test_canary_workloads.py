@@ -126,10 +126,14 @@ class Canary:
         """A canary that should have exited: SIGABRT to its process group, so that each process's fault
         handler writes where every thread is into the log; returns the log's tail."""
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGABRT)
+            for pid in _group(self.proc.pid):  # one at a time: the processes share the log
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGABRT)
+                with contextlib.suppress(TimeoutError):
+                    wait_for(lambda pid=pid: not _alive(pid), 10, f"process {pid} to abort")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
-        return _log(self)
+        return _stacks(self.log.read_text(errors="replace")) or _log(self)
 
     def kill(self) -> None:
         """SIGKILL to its process group (two_rank's ranks too)."""
@@ -267,6 +271,42 @@ def time_phase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phase]:
     finally:
         one.stop()
         two.stop()
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of group ``pgid``, the newest (a launcher's ranks) first."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:  # state, ppid, pgrp
+                pids.append(int(stat.parent.name))
+    return sorted(pids, reverse=True)
+
+
+def _alive(pid: int) -> bool:
+    """Still running: neither gone nor a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stacks(log: str, frames: int = 4) -> str:
+    """The fault handlers' dumps in ``log``, each thread cut to its innermost ``frames`` lines."""
+    kept: list[str] = []
+    left = 0
+    for line in log.splitlines():
+        if line.startswith("Fatal Python error"):
+            kept.append(line)
+        elif line.startswith(("Thread 0x", "Current thread 0x")):
+            kept.append(line)
+            left = frames
+        elif line.startswith("  ") and left:
+            kept.append(line)
+            left -= 1
+        else:
+            left = 0
+    return "\n".join(kept)
 
 
 def _log(canary: Canary) -> str:
