@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import io
-import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import msgspec
 import pytest
 
-import trainvigil
 from trainvigil.agents.gil import GilResult, ThreadResult, advice, render
 from trainvigil.agents.gil._probe import BUSY_WAIT, summarize
 from trainvigil.agents.options import resolve
@@ -192,28 +192,43 @@ def test_detector_skips_free_threaded_builds() -> None:
     assert d(_batch(*[(0, _sample(i, *HOT, enabled=False)) for i in range(5)])) == []
 
 
+# In a fresh interpreter: pytest's own process may hold threads of other tests' libraries by now
+# (JAX's backend warns on os.fork(), and the suite turns warnings into errors).
+FORK_SCRIPT = """
+import os, sys
+import trainvigil
+agent = trainvigil.init(run_id="fork-gil", nats_url="nats://127.0.0.1:1", gil=True, gil_interval=0.1,
+                        spill_dir=sys.argv[1])
+try:
+    parent = agent._gil
+    assert parent is not None and parent.running
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running the parent's exit handlers
+        child = agent._gil
+        ok = child is not None and child is not parent and child.running and not parent.running
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    print("child", os.read(r, 1).decode(), flush=True)
+    os.waitpid(pid, 0)
+    print("parent-running", parent.running, flush=True)
+finally:
+    agent.close(timeout=0.2)
+print("after-close", parent.running, flush=True)
+"""
+
+
 def test_agent_runs_a_sampler_and_a_forked_child_gets_its_own(tmp_path: Path) -> None:
     """gil=True starts the sampler with the agent; after fork the child samples on a thread of its own."""
-    agent = trainvigil.init(
-        run_id="fork-gil", nats_url="nats://127.0.0.1:1", gil=True, gil_interval=0.1, spill_dir=tmp_path
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", FORK_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=60
     )
-    try:
-        parent = agent._gil
-        assert parent is not None and parent.running
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report and leave without running the parent's exit handlers
-            child = agent._gil
-            ok = child is not None and child is not parent and child.running and not parent.running
-            os.write(w, b"1" if ok else b"0")
-            os._exit(0)
-        os.close(w)
-        assert os.read(r, 1) == b"1"
-        os.waitpid(pid, 0)
-        assert parent.running, "the parent keeps its sampler"
-    finally:
-        agent.close(timeout=0.2)
-    assert not parent.running, "close() stops the sampler"
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "child 1" in lines, "the child runs a sampler of its own, and not the parent's"
+    assert "parent-running True" in lines, "the parent keeps its sampler"
+    assert lines[-1] == "after-close False", "close() stops the sampler"
 
 
 def test_probe_backs_off_while_the_gil_is_saturated_and_recovers_after() -> None:
