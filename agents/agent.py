@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, SupportsFloat, cast
 
 from trainvigil._version import __version__
 from trainvigil.schemas import Record, RunStart, Source
@@ -118,7 +118,7 @@ class Agent:
 
     # ---- hot path ------------------------------------------------------------------------
 
-    def log(self, step: int, /, **metrics: float) -> None:
+    def log(self, step: int, /, **metrics: SupportsFloat) -> None:
         """Record metrics for ``step``: known names (loss, grad_norm, lr, step_time, samples,
         tokens, reward, entropy, kl) and any custom name. Values are numbers: Python, NumPy
         scalars of any dtype, 0-d (or 1-element) arrays and tensors. Never blocks and never

@@ -52,3 +52,14 @@ def test_the_package_has_no_import_cycle(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", _CYCLES], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "", f"import cycles:\n{done.stdout}"
+
+
+def test_the_package_type_checks(tmp_path: Path) -> None:
+    """mypy over the installed layout, with pyproject.toml's settings (the folders alone would not resolve
+    ``trainvigil.*`` imports, and mypy would take them as Any)."""
+    pytest.importorskip("mypy")
+    env = {**os.environ, "MYPYPATH": str(_tree(tmp_path))}
+    command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
+    command += ["--cache-dir", str(tmp_path / "cache"), "-p", "trainvigil"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -72,13 +72,16 @@ class LightningLogger(Logger):
 
     def _start(self) -> Agent:
         world = os.environ.get("WORLD_SIZE")
-        return _agent(self.run_id, rank_zero_only.rank, int(world) if world else None, self.options)
+        rank: int = rank_zero_only.rank  # type: ignore[attr-defined]  # Lightning sets it on the function at import
+        return _agent(self.run_id, rank, int(world) if world else None, self.options)
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         values = dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, Mapping) else params
-        fields = {str(k): v if isinstance(v, int | float | str | bool) or v is None else str(v)
-                  for k, v in dict(values or {}).items()}  # fmt: skip
-        self._start().event("hparams", **fields)
+        fields: dict[str, Any] = {str(k): v if isinstance(v, int | float | str | bool) or v is None else str(v)
+                                  for k, v in dict(values or {}).items()}  # fmt: skip
+        if "step" in fields:  # the event's own step: a hyper-parameter of that name keeps its value as hparam_step
+            fields["hparam_step"] = fields.pop("step")
+        self._start().event("hparams", None, **fields)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         values = {RENAMED.get(k, k): v for k, v in numbers(metrics).items() if k != "epoch"}

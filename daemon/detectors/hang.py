@@ -146,9 +146,13 @@ class Hang(StreamDetector[_Stream]):
             if beat.stack:
                 state.stack = list(beat.stack)
         for source, event in batch.events:
-            state = self._streams.get((source.run_id, source.rank))
-            if state is not None and event.kind in PHASE_TAGS and (event.step is None or event.step >= state.last_step):
-                self._phase(state, event.kind, event.fields, now)
+            stream = self._streams.get((source.run_id, source.rank))
+            if (
+                stream is not None
+                and event.kind in PHASE_TAGS
+                and (event.step is None or event.step >= stream.last_step)
+            ):
+                self._phase(stream, event.kind, event.fields, now)
         for source, end in batch.run_ends:
             key = (source.run_id, source.rank)
             self._streams.pop(key, None)

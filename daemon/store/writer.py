@@ -292,7 +292,10 @@ class Store:
         # is locked once open). Background allocator threads hand memory of interrupted queries
         # back to the system at once. ``memory_limit`` bounds DuckDB as a whole: queries spill
         # or fail past it, and a write that finds no memory waits (never dead-lettered).
-        self._config: dict[str, str | bool] = {"enable_external_access": False, "allocator_background_threads": True}
+        self._config: dict[str, str | bool | int | float | list[str]] = {
+            "enable_external_access": False,
+            "allocator_background_threads": True,
+        }
         if memory_limit_bytes:
             self._config["memory_limit"] = f"{memory_limit_bytes}B"
         self._lock = threading.Lock()

@@ -93,7 +93,7 @@ def _run_info(run_id: str) -> Callable[[QueryResult], Encoded]:
 
 def _series(metric: str, compare: bool = False) -> Callable[[QueryResult], Encoded]:
     def shape(result: QueryResult) -> Encoded:
-        series: dict[str, dict[str, Any]] = sql.points(result.rows)  # type: ignore[assignment]
+        series: dict[str, dict[str, Any]] = sql.points(result.rows)
         if compare:
             _name_run_and_rank(series)
         return Encoded(200, msgspec.json.encode({"metric": metric, "series": series, "truncated": result.truncated}))

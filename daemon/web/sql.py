@@ -108,7 +108,7 @@ SELECT key, to_json(list(s {order}))::VARCHAR AS x, to_json(list(v {order}))::VA
 FROM p GROUP BY key ORDER BY key"""
 
 
-def points(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, list[float]]]:
+def points(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, list[int] | list[float]]]:
     """:func:`buckets` rows as one step-ordered series per key: ``{key: {"x": steps, "y": values, "t": times}}``."""
     return {str(key): {"x": _steps(x), "y": _values(y), "t": _values(t)} for key, x, y, t in rows}
 
