@@ -19,6 +19,14 @@ step moves about 5 % (``integrations_overhead.py``); between blocks of one proce
 ``--agent-cpu N`` moves the agent's thread onto CPU ``N`` (the training stays where it is): what the
 agent costs when its thread does not share the training's core, as on a machine with a core to spare.
 
+On a machine of two cores the services' own work (the daemon ingesting, DuckDB committing) sits on the
+other core and still slows the training's through the shared cache and memory: a process that streams
+memory 10 % of the time on CPU 1 slowed this step on CPU 0 by ~4 %, a spinning one not at all. So
+``--agent`` also runs the step without health while another process, on the services' CPU, logs the
+same three values at the training's step rate through its own agent ("... from a process beside the
+services"): the services then do the work the agent variants give them, and the agent variants'
+difference from it is what the agent costs inside the training process.
+
     python bench/jax_grad_health.py                  # a small and a larger MLP, with and without clipping
     taskset -c 0 python bench/jax_grad_health.py     # XLA on one core
     taskset -c 0 python bench/jax_grad_health.py --agent --size larger --optimizer adam   # the whole example's cost
@@ -33,6 +41,7 @@ import itertools
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,6 +104,22 @@ VARIANTS: dict[str, Callable[[Any], dict[str, jax.Array]] | None] = {
 }
 LOGGED = {"loss, logged by an agent": "no health", "grad_health, logged by an agent": "grad_health"}
 """``--agent``'s variants: name -> the variant whose step they run, with an agent logging its outputs."""
+BESIDE = "no health; the same logging from a process beside the services"
+"""``--agent``'s control: the step without health while another process gives the services the same load."""
+_BESIDE_LOGGER = """
+import os, sys, time
+import trainvigil
+os.sched_setaffinity(0, {int(sys.argv[1])})
+period = float(sys.argv[2])
+agent = trainvigil.init(run_id=sys.argv[3])
+agent.flush(10)
+print("ready", flush=True)
+step, due = 0, time.perf_counter()
+while True:
+    agent.log(step, loss=1.0 / (step + 1), grad_norm=0.5, grad_nonfinite=0.0)
+    step, due = step + 1, due + period
+    time.sleep(max(0.0, due - time.perf_counter()))
+"""
 
 
 def steps_for(
@@ -165,6 +190,20 @@ def logging_agent(run_id: str, settle: float, cpu: int | None = None) -> Iterato
 
 
 @contextlib.contextmanager
+def logging_beside(run_id: str, period: float, settle: float) -> Iterator[None]:
+    """Another process on the services' CPU logging three floats every ``period`` seconds through an agent."""
+    cpu = (os.cpu_count() or 1) - 1
+    command = [sys.executable, "-c", _BESIDE_LOGGER, str(cpu), str(period), run_id]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "the logger did not start"
+            time.sleep(settle)
+            yield
+        finally:
+            proc.kill()
+
+
+@contextlib.contextmanager
 def services(wanted: bool) -> Iterator[None]:
     """With ``wanted``: nats-server and the daemon on the machine's last core, the agent's URL set; stopped after."""
     if not wanted:
@@ -197,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps, reset = steps_for(batch, features, hidden, optimizer)
             for step in steps.values():  # compile and warm each
                 block(step, 20)
-            names = [*steps, *(LOGGED if args.agent else ())]
+            period = block(steps["no health"], 50)
+            names = [*steps, *((*LOGGED, BESIDE) if args.agent else ())]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(args.rounds):
                 order = list(names)
@@ -207,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         run_id = f"jax-grad-health-{os.getpid()}-{size}-{r}"
                         with logging_agent(run_id, args.settle, args.agent_cpu) as agent:
                             times[name].append(block(steps[LOGGED[name]], args.block, agent))
+                    elif name == BESIDE:
+                        with logging_beside(f"jax-beside-{os.getpid()}-{size}-{r}", period, args.settle):
+                            times[name].append(block(steps["no health"], args.block))
                     else:
                         times[name].append(block(steps[name], args.block))
                 reset()
