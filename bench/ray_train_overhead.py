@@ -1,0 +1,148 @@
+"""What trainvigil adds to a Ray Train step, measured inside the workers: blocks with and without an agent.
+
+``integrations_overhead.py`` compares whole runs in fresh processes, and for Ray Train on two cores
+that cannot resolve 1 %: two DDP workers share one core, a step ends when the slower rank's does, and
+the baseline's median step moved from 2.1 to 3.7 ms between runs. Here one ``TorchTrainer`` run does
+the comparison inside its workers, as ``jax_grad_health.py --agent`` does for JAX: each worker trains
+the README's Ray Train example (DDP over gloo, an MLP ``features -> hidden -> 1``) in ``--rounds``
+rounds of two blocks of ``--block`` steps, in a random order that every worker draws alike. In the
+block with trainvigil, each worker starts its agent with ``trainvigil.init()`` and no arguments (rank,
+world size and run id from Ray Train, what the integration is), lets it connect and settle, logs the
+loss and step time at every step as the example does, and closes it after the block. The ratio is the
+median over rounds of rank 0's median step with the agent to its median step without, in the same
+round, with a bootstrap 95 % interval. A real nats-server and daemon run pinned to the machine's last
+core; start this under ``taskset`` to keep Ray and its workers off that core.
+
+    taskset -c 0 python bench/ray_train_overhead.py             # 2 workers on one core, services on the other
+    taskset -c 0 python bench/ray_train_overhead.py --workers 1
+    taskset -c 0 python bench/ray_train_overhead.py --agent-cpu 1   # the agents' threads beside the services
+
+``--agent-cpu N`` moves each agent's thread onto CPU ``N``: what the workers pay when the agents'
+threads do not share their core, as on a machine with a core to spare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _procs import start_services
+from _stats import median_interval
+from tables import table
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """One worker: ``rounds`` pairs of blocks, with and without an agent, in the order every worker draws."""
+    import itertools
+    import os
+    import random
+    import threading
+    import time
+
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    import trainvigil
+
+    rank = ray.train.get_context().get_world_rank()
+    net = torch.nn.Sequential(torch.nn.Linear(config["features"], config["hidden"]), torch.nn.ReLU(),
+                              torch.nn.Linear(config["hidden"], 1))  # fmt: skip
+    model = ray.train.torch.prepare_model(net)  # DDP over gloo
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(config["batch"], config["features"], generator=torch.Generator().manual_seed(rank))
+    y = x.sum(1, keepdim=True)
+    done = 0
+
+    def block(n: int, agent: Any) -> float:
+        """The median of ``n`` steps, in seconds; with ``agent``, each step logged as the example does."""
+        nonlocal done
+        marks = [time.perf_counter()]
+        for i in range(n):
+            start = marks[-1]
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if agent is not None:
+                agent.log(done + i, loss=loss.detach(), step_time=time.perf_counter() - start)
+            marks.append(time.perf_counter())
+        done += n
+        return statistics.median(b - a for a, b in itertools.pairwise(marks))
+
+    block(100, None)  # warm up
+    rng = random.Random(config["seed"])
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(config["rounds"]):
+        order = ["without", "with"]
+        rng.shuffle(order)
+        for arm in order:
+            if arm == "with":
+                agent = trainvigil.init()  # rank, world size and run id from Ray Train
+                if config["agent_cpu"] is not None:
+                    (thread,) = [t for t in threading.enumerate() if t.name == "trainvigil-agent"]
+                    os.sched_setaffinity(thread.native_id or 0, {config["agent_cpu"]})
+                agent.flush(10)
+                time.sleep(config["settle"])
+                times[arm].append(block(config["block"], agent))
+                agent.close()
+            else:
+                times[arm].append(block(config["block"], None))
+    if rank == 0:
+        Path(config["out"]).write_text(json.dumps(times))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=24, help="pairs of blocks, each pair in a random order")
+    parser.add_argument("--block", type=int, default=400, help="steps per block")
+    parser.add_argument("--settle", type=float, default=0.3, help="seconds between an agent's start and its block")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--agent-cpu", type=int, help="each agent's thread on this CPU (default: its worker's)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--features", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=128)
+    args = parser.parse_args(argv)
+
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    with tempfile.TemporaryDirectory(prefix="bench-ray-") as name, contextlib.ExitStack() as stack:
+        tmp = Path(name)
+        svc = start_services(stack, tmp)
+        last = (os.cpu_count() or 1) - 1
+        svc.pin(last)
+        os.environ.update(VIGIL_NATS_URL=svc.url, VIGIL_LOG_LEVEL="warning")  # the workers inherit them
+        print(f"  nats-server and the daemon on cpu {last}; Ray on cpus {sorted(os.sched_getaffinity(0))}")
+        config = {**vars(args), "seed": 0, "out": str(tmp / "times.json")}
+        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+        try:
+            run = RunConfig(name=f"ray-overhead-{os.getpid()}", storage_path=str(tmp))
+            scaling = ScalingConfig(num_workers=args.workers)
+            TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling, run_config=run).fit()
+        finally:
+            ray.shutdown()
+        times = json.loads((tmp / "times.json").read_text())
+    ratios = [w / wo for w, wo in zip(times["with"], times["without"], strict=True)]
+    low, high = median_interval(ratios)
+    where = "" if args.agent_cpu is None else f", agent threads on cpu {args.agent_cpu}"
+    model = f"DDP MLP {args.features}-{args.hidden}-1, batch {args.batch}, {args.workers} workers{where}"
+    rows = [(model, "without trainvigil", f"{1e3 * statistics.median(times['without']):.3f}", "1.000x", ""),
+            (model, "trainvigil.init() in each worker, every step logged",
+             f"{1e3 * statistics.median(times['with']):.3f}", f"{statistics.median(ratios):.3f}x",
+             f"{low:.3f}-{high:.3f}")]  # fmt: skip
+    print()
+    print(table(("model", "arm", "rank 0's median step ms", "ratio", "95 % interval"), rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
