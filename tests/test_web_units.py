@@ -33,7 +33,7 @@ def test_each_bucket_gives_its_min_and_max_in_step_order_and_a_one_step_bucket_o
             "FROM (VALUES (0, 5.0), (1, 1.0), (2, 2.0), (3, 9.0)) t(s, v)"
         )
 
-        def series(n: int) -> dict[str, dict[str, list[float]]]:
+        def series(n: int) -> dict[str, dict[str, list[int] | list[float]]]:
             result = run_query(store.cursor(), sql.run_series("p", "loss", [], None, None, n), sql.MAX_ROWS, 10)
             assert not result.error, result.error
             return sql.points(result.rows)
