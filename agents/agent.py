@@ -121,10 +121,11 @@ class Agent:
     def log(self, step: int, /, **metrics: SupportsFloat) -> None:
         """Record metrics for ``step``: known names (loss, grad_norm, lr, step_time, samples,
         tokens, reward, entropy, kl) and any custom name. Values are numbers: Python, NumPy
-        scalars of any dtype, 0-d (or 1-element) arrays and tensors. Never blocks and never
-        raises: the values are checked later, on the agent's thread; one that is not a number
-        is dropped and counted (``bad_value``), as is a call whose step is not an int
-        (``bad_step``) or that finds the buffer full (``queue_full``).
+        scalars of any dtype, 0-d (or 1-element) arrays and tensors; arrays and tensors are read
+        later, so one changed in place after the call may be recorded with its later value.
+        Never blocks and never raises: the values are checked later, on the agent's thread; one
+        that is not a number is dropped and counted (``bad_value``), as is a call whose step is
+        not an int (``bad_step``) or that finds the buffer full (``queue_full``).
         """
         steps = self._steps
         n = len(steps)
