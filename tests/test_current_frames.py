@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,17 @@ def test_the_gil_sampler_and_the_stuck_probe_read_frames_with_gc_off(monkeypatch
     assert enabled_during == [False, False, False]
     assert gc.isenabled()
     assert frames and any("wait" in f for f in frames), frames
+
+
+def test_nothing_else_in_the_package_calls_sys_current_frames() -> None:
+    """A new reader of other threads' frames goes through ``current_frames`` too (or it can freeze 3.11)."""
+    root = Path(__file__).resolve().parent.parent
+    bare = [
+        f"{path.relative_to(root)}:{n}"
+        for folder in ("agents", "daemon", "schemas", "src")
+        for path in sorted((root / folder).rglob("*.py"))
+        if path.name != "_frames.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "sys._current_frames(" in line or "sys._current_exceptions(" in line
+    ]
+    assert bare == [], f"call trainvigil.agents._frames.current_frames() instead: {bare}"
