@@ -225,3 +225,16 @@ def turned_away(caplog: Any, run_id: str, steps: int, **options: Any) -> tuple[s
     kept = Path(agent.stats()["kept_file"])
     assert kept.is_file()
     return said[0], kept
+
+
+def stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie waiting for whoever adopted it."""
+    try:
+        return stat_fields(pid)[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True

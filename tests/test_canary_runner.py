@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from support import Daemon, NatsServer, SecuredDaemon, run_producer, vigil, vigil_together, wait_for
+from support import Daemon, NatsServer, SecuredDaemon, gone, run_producer, vigil, vigil_together, wait_for
 
 HERE = Path(__file__).parent
 MLP = f"python {HERE.parent / 'examples' / 'train_mlp.py'} --steps 80"
@@ -50,15 +50,6 @@ def _daemon(daemons: list[Daemon], nats_server: NatsServer, tmp_path: Path, *arg
     d.start()
     daemons.append(d)
     return d
-
-
-def _gone(pid: int) -> bool:
-    """No such process, or only its zombie waiting for whoever adopted it."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state == "Z"
 
 
 def _rows(data_dir: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -188,12 +179,12 @@ def test_a_canary_hanging_past_timeout_is_killed_with_its_whole_group_while_inge
     producer = run_producer(nats_server.url, "real-run", 0, 200, "--pace", "0.01")
     try:
         wait_for(lambda: d.scalar("select count(*) from steps where run_id = 'real-run'") == 200, 30, "real steps")
-        assert not _gone(leader), "ingest went on while the canary hung"
+        assert not gone(leader), "ingest went on while the canary hung"
         _, err = trigger.communicate(timeout=60)
     finally:
         producer.communicate(timeout=30)
     assert trigger.returncode == 1, err
-    wait_for(lambda: _gone(leader) and _gone(child), 10, "no process of the group left")
+    wait_for(lambda: gone(leader) and gone(child), 10, "no process of the group left")
     rows = d.sql("select verdict, detail, exit_code from canary_results").rows
     assert len(rows) == 1 and rows[0][0] == "error" and rows[0][2] < 0
     assert rows[0][1].startswith("still running after timeout_s; its process group was killed")
@@ -233,13 +224,13 @@ def test_the_schedule_runs_canaries_on_its_interval_at_most_concurrency_at_once_
 
     def one_running() -> int | None:
         _, jobs = _timeline(timeline)
-        return next((pid for pid, (_, end) in jobs.items() if end is None and not _gone(pid)), None)
+        return next((pid for pid, (_, end) in jobs.items() if end is None and not gone(pid)), None)
 
     wait_for(lambda: one_running() is not None, 30, "a canary running")
     running = one_running()
     assert running is not None
     assert d.terminate() == 0
-    assert _gone(running), "shutdown killed the running canary"
+    assert gone(running), "shutdown killed the running canary"
 
     starts, jobs = _timeline(timeline)
     assert all(b - a >= 0.9 for a, b in itertools.pairwise(starts)), f"one start per 1 s tick: {starts}"

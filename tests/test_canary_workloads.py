@@ -29,7 +29,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from support import Daemon, NatsServer, terminate_together, wait_for
+from support import Daemon, NatsServer, gone, stat_fields, terminate_together, wait_for
 
 from trainvigil.agents import faults
 from trainvigil.canary import WORKLOADS
@@ -130,7 +130,7 @@ class Canary:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGABRT)
                 with contextlib.suppress(TimeoutError):
-                    wait_for(lambda pid=pid: not _alive(pid), 10, f"process {pid} to abort")
+                    wait_for(lambda pid=pid: gone(pid), 10, f"process {pid} to abort")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
         return _stacks(self.log.read_text(errors="replace")) or _log(self)
@@ -276,19 +276,11 @@ def time_phase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phase]:
 def _group(pgid: int) -> list[int]:
     """The processes of group ``pgid``, the newest (a launcher's ranks) first."""
     pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:  # state, ppid, pgrp
-                pids.append(int(stat.parent.name))
+            if int(stat_fields(int(proc.name))[2]) == pgid:  # state, ppid, pgrp
+                pids.append(int(proc.name))
     return sorted(pids, reverse=True)
-
-
-def _alive(pid: int) -> bool:
-    """Still running: neither gone nor a zombie waiting for its parent."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _stacks(log: str, frames: int = 4) -> str:
