@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -192,6 +193,13 @@ def stored_rows(db_path: Path, run_like: str = "%") -> Stored:
         row = con.execute(sql, [run_like]).fetchone()
     assert row is not None
     return Stored(int(row[0]), int(row[1]))
+
+
+def pin_agent_thread(cpu: int) -> None:
+    """This process's agent thread (``trainvigil-agent``) onto ``cpu``; the training's threads stay where they are."""
+    (thread,) = [t for t in threading.enumerate() if t.name == "trainvigil-agent"]
+    assert thread.native_id is not None
+    os.sched_setaffinity(thread.native_id, {cpu})
 
 
 def pin(pid: int, cpus: set[int]) -> None:

@@ -53,7 +53,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _procs import start_services
+from _procs import pin_agent_thread, start_services
 from _stats import median_interval
 from tables import table
 
@@ -172,16 +172,12 @@ def block(step: Callable[[], Any], n: int, agent: Any = None) -> float:
 def logging_agent(run_id: str, settle: float, cpu: int | None = None) -> Iterator[Any]:
     """An agent connected and settled before the block (its start-up is not the step's), closed after;
     with ``cpu``, its thread moved onto that CPU."""
-    import threading
-
     import trainvigil
 
     agent = trainvigil.init(run_id=run_id)
     try:
         if cpu is not None:
-            (thread,) = [t for t in threading.enumerate() if t.name == "trainvigil-agent"]
-            assert thread.native_id is not None
-            os.sched_setaffinity(thread.native_id, {cpu})
+            pin_agent_thread(cpu)
         agent.flush(10)
         time.sleep(settle)
         yield agent
@@ -190,9 +186,8 @@ def logging_agent(run_id: str, settle: float, cpu: int | None = None) -> Iterato
 
 
 @contextlib.contextmanager
-def logging_beside(run_id: str, period: float, settle: float) -> Iterator[None]:
-    """Another process on the services' CPU logging three floats every ``period`` seconds through an agent."""
-    cpu = (os.cpu_count() or 1) - 1
+def logging_beside(run_id: str, cpu: int, period: float, settle: float) -> Iterator[None]:
+    """Another process on ``cpu`` (the services') logging three floats every ``period`` seconds through an agent."""
     command = [sys.executable, "-c", _BESIDE_LOGGER, str(cpu), str(period), run_id]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
         try:
@@ -204,10 +199,11 @@ def logging_beside(run_id: str, period: float, settle: float) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def services(wanted: bool) -> Iterator[None]:
-    """With ``wanted``: nats-server and the daemon on the machine's last core, the agent's URL set; stopped after."""
+def services(wanted: bool) -> Iterator[int | None]:
+    """With ``wanted``: nats-server and the daemon on the machine's last core (yielded), the agent's URL set;
+    stopped after."""
     if not wanted:
-        yield
+        yield None
         return
     with tempfile.TemporaryDirectory(prefix="bench-jax-") as name, contextlib.ExitStack() as stack:
         svc = start_services(stack, Path(name))
@@ -215,7 +211,7 @@ def services(wanted: bool) -> Iterator[None]:
         svc.pin(last)
         os.environ.update(VIGIL_NATS_URL=svc.url, VIGIL_LOG_LEVEL="warning")
         print(f"  nats-server and the daemon on cpu {last}; the training on cpus {sorted(os.sched_getaffinity(0))}")
-        yield
+        yield last
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -230,13 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rng = random.Random(0)
     rows = []
-    with services(args.agent):
+    with services(args.agent) as services_cpu:
         for size, optimizer in itertools.product(args.size or SIZES, args.optimizer or OPTIMIZERS):
             batch, features, hidden = SIZES[size]
             steps, reset = steps_for(batch, features, hidden, optimizer)
-            for step in steps.values():  # compile and warm each
-                block(step, 20)
-            period = block(steps["no health"], 50)
+            warm = {name: block(step, 20) for name, step in steps.items()}  # compile and warm each
+            period = warm["no health"]  # the step the control logs at the rate of
             names = [*steps, *((*LOGGED, BESIDE) if args.agent else ())]
             times: dict[str, list[float]] = {name: [] for name in names}
             for r in range(args.rounds):
@@ -247,8 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         run_id = f"jax-grad-health-{os.getpid()}-{size}-{r}"
                         with logging_agent(run_id, args.settle, args.agent_cpu) as agent:
                             times[name].append(block(steps[LOGGED[name]], args.block, agent))
-                    elif name == BESIDE:
-                        with logging_beside(f"jax-beside-{os.getpid()}-{size}-{r}", period, args.settle):
+                    elif name == BESIDE and services_cpu is not None:
+                        with logging_beside(f"jax-beside-{os.getpid()}-{size}-{r}", services_cpu, period, args.settle):
                             times[name].append(block(steps["no health"], args.block))
                     else:
                         times[name].append(block(steps[name], args.block))

@@ -41,14 +41,13 @@ from tables import table
 def train_loop(config: dict[str, Any]) -> None:
     """One worker: ``rounds`` pairs of blocks, with and without an agent, in the order every worker draws."""
     import itertools
-    import os
     import random
-    import threading
     import time
 
     import ray.train
     import ray.train.torch
     import torch
+    from _procs import pin_agent_thread
 
     import trainvigil
 
@@ -87,8 +86,7 @@ def train_loop(config: dict[str, Any]) -> None:
             if arm == "with":
                 agent = trainvigil.init()  # rank, world size and run id from Ray Train
                 if config["agent_cpu"] is not None:
-                    (thread,) = [t for t in threading.enumerate() if t.name == "trainvigil-agent"]
-                    os.sched_setaffinity(thread.native_id or 0, {config["agent_cpu"]})
+                    pin_agent_thread(config["agent_cpu"])
                 agent.flush(10)
                 time.sleep(config["settle"])
                 times[arm].append(block(config["block"], agent))
