@@ -72,8 +72,7 @@ class LightningLogger(Logger):
 
     def _start(self) -> Agent:
         world = os.environ.get("WORLD_SIZE")
-        rank: int = rank_zero_only.rank  # type: ignore[attr-defined]  # Lightning sets it on the function at import
-        return _agent(self.run_id, rank, int(world) if world else None, self.options)
+        return _agent(self.run_id, rank_zero_only.rank, int(world) if world else None, self.options)
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         values = dict(vars(params)) if hasattr(params, "__dict__") and not isinstance(params, Mapping) else params
