@@ -14,8 +14,18 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
+import duckdb
 import pytest
 from support import Daemon, NatsServer, finish, run_producer, wait_for
+
+from trainvigil.daemon.batch.decode import IngestBatch, RawMessage, decode_batch
+from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.store.reads import ReadOnlyQueries
+from trainvigil.daemon.store.writer import Store
+from trainvigil.errors import StoreUnavailableError
+from trainvigil.schemas import Envelope, RunEvent, Source, encode
+from trainvigil.schemas.query import QueryRequest
 
 
 def _can_mount() -> bool:
@@ -37,6 +47,59 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     yield where
     subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _events(first_seq: int, n: int) -> IngestBatch:
+    """``n`` run events, each with a 2 KiB field, at stream sequences from ``first_seq``."""
+    event = encode(
+        Envelope(source=Source(run_id="r"), records=[RunEvent(time=1.7e9, kind="k", fields={"pad": "x" * 2048})])
+    )
+    return decode_batch([RawMessage("vigil.v1.r.run", event, seq) for seq in range(first_seq, first_seq + n)])
+
+
+def _fill(where: Path) -> None:
+    """Take what space is left on ``where``'s disk."""
+    with (where / "filler").open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def _count(reads: ReadOnlyQueries) -> tuple[int | None, str]:
+    result = anyio.run(reads.answer, QueryRequest(sql="select count(*) from events"))
+    return (result.rows[0][0] if result.rows else None), result.error
+
+
+@pytest.mark.parametrize("seen_by", ["writer", "reader"])
+def test_a_database_duckdb_invalidated_on_a_full_disk_is_reopened_for_queries(small_fs: Path, seen_by: str) -> None:
+    """DuckDB invalidates a database whose checkpoint fails for want of space, and every cursor of it
+    fails from then on ("must be restarted"). Queries must not: the store is reopened for them at
+    once (CI saw a query land between the failed write and the writer's next try), whether the writer
+    or a reader met the invalidated database first, and the writer carries on after it."""
+    store = Store(small_fs / "v.duckdb")
+    reads = ReadOnlyQueries(store, DaemonConfig(data_dir=str(small_fs)))
+    seq = 1
+    with pytest.raises(StoreUnavailableError):
+        while True:
+            store.write(_events(seq, 50))
+            seq += 50
+    stored = store.last_seq
+    _fill(small_fs)
+    with pytest.raises(duckdb.FatalException):  # what DuckDB's own checkpoint after a commit meets
+        store.cursor().execute("CHECKPOINT")
+    if seen_by == "writer":
+        with pytest.raises(StoreUnavailableError, match="invalidated"):
+            store.write(_events(seq, 50))
+    assert _count(reads) == (stored, ""), "queries answer from the reopened database, the disk still full"
+    assert _count(reads) == (stored, "")
+    (small_fs / "filler").unlink()
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
+    assert store.write(_events(seq, 50)) == []
+    assert _count(reads) == (stored + 50, "")
+    store.close()
 
 
 def _healthz(port: int) -> tuple[int, str]:

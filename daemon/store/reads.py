@@ -7,14 +7,13 @@ worker thread, in a transaction that is rolled back.
 
 from __future__ import annotations
 
-from functools import partial
-
 import anyio
 import duckdb
 
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.store.query import answer
 from trainvigil.daemon.store.writer import Store
+from trainvigil.errors import StoreUnavailableError
 from trainvigil.schemas.query import QueryRequest, QueryResult
 
 
@@ -28,13 +27,20 @@ class ReadOnlyQueries:
 
     async def answer(self, request: QueryRequest) -> QueryResult:
         """The answer to ``request``; its limit, bytes and timeout are lowered to the daemon's."""
-        cursor = self.store.cursor()
-        self._running.add(cursor)
+        return await anyio.to_thread.run_sync(self._answer, request)
+
+    def _answer(self, request: QueryRequest) -> QueryResult:
+        """Run ``request`` on a fresh cursor; once more if DuckDB had invalidated the database (it is
+        opened again for the second try), so a failed write's checkpoint costs readers nothing."""
         cfg = self.config
-        try:
-            return await anyio.to_thread.run_sync(
-                partial(
-                    answer,
+        for _ in range(2):
+            try:
+                cursor = self.store.cursor()
+            except StoreUnavailableError as exc:
+                return QueryResult(error=f"the daemon cannot read its database now: {exc}")
+            self._running.add(cursor)
+            try:
+                result = answer(
                     cursor,
                     request,
                     cfg.query_row_limit,
@@ -43,10 +49,12 @@ class ReadOnlyQueries:
                     memory_bytes=cfg.query_memory_bytes,
                     spill_bytes=cfg.query_spill_bytes,
                 )
-            )
-        finally:
-            self._running.discard(cursor)
-            cursor.close()
+            finally:
+                self._running.discard(cursor)
+                cursor.close()
+            if not self.store.invalidated_by(result.error):
+                break
+        return result
 
     def interrupt(self) -> None:
         """Interrupt every query running now (shutdown does not wait for them)."""

@@ -92,6 +92,9 @@ DROP TABLE _vigil_merged;
 
 _UNAVAILABLE = (duckdb.IOException, duckdb.OutOfMemoryException, duckdb.FatalException, OSError)
 """Errors of the database or the disk, not of a message: retried later, never dead-lettered."""
+_INVALIDATED = "database has been invalidated"
+"""DuckDB's words once a fatal error (a checkpoint that met a full disk) has invalidated the
+database: every connection to it fails until it is opened again."""
 
 
 def _describe(exc: BaseException) -> str:
@@ -305,9 +308,13 @@ class Store:
         updates); it must return at once and never raise."""
         self._open()
 
-    def _open(self) -> None:
+    def _open(self, *, schema: bool = True) -> None:
+        """Connect; with ``schema``, migrate the file and apply ``SCHEMA_SQL``. That writes (to the
+        WAL), so opening again a file this store has already set up skips it: a full disk must not
+        keep an invalidated database closed (a file gone meanwhile is set up anew)."""
         if not self.path.exists():
             _create(self.path)
+            schema = True
         con = duckdb.connect(
             str(self.path),
             config=self._config,
@@ -317,10 +324,11 @@ class Store:
         try:
             con.execute("SET GLOBAL TimeZone = 'UTC'")
             con.execute("SET GLOBAL lock_configuration = true")
-            _migrate(con, self.path)
-            con.execute(SCHEMA_SQL)
-            if not con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
-                con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+            if schema:
+                _migrate(con, self.path)
+                con.execute(SCHEMA_SQL)
+                if not con.execute("SELECT count(*) FROM schema_info").fetchall()[0][0]:
+                    con.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
         except BaseException:
             con.close()  # let go of the file: the caller may report and exit, or try again later
             raise
@@ -341,8 +349,25 @@ class Store:
         return int(rows[0][0]) if rows else 0
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A new connection to the same database, for a reader on another thread."""
+        """A new connection to the same database, for a reader on another thread.
+
+        A database DuckDB invalidated (a checkpoint that met a full disk) is opened again first, which
+        may wait for a commit in progress: call this off the event loop.
+
+        Raises:
+            StoreUnavailableError: the database was invalidated and cannot be opened again yet.
+        """
+        if self._invalidated:
+            with self._lock:
+                self._reopen()
         return self.con.cursor()
+
+    def invalidated_by(self, error: str) -> bool:
+        """Whether a reader's ``error`` says DuckDB invalidated the database; if so, the next
+        :meth:`cursor` (or write) opens it again."""
+        if _INVALIDATED in error:
+            self._invalidated = True
+        return _INVALIDATED in error
 
     def close(self) -> None:
         with self._lock:
@@ -428,8 +453,8 @@ class Store:
         return shutil.disk_usage(self.path.parent).free
 
     def _ready_to_write(self) -> None:
-        """Raise StoreUnavailableError while the disk is below the floor; reopen a database
-        DuckDB invalidated after an I/O error once it can be opened again."""
+        """Raise StoreUnavailableError while the disk is below the floor or an invalidated database
+        cannot be opened again."""
         if self.min_free_bytes:
             free = self.free_bytes()
             if free < self.min_free_bytes:
@@ -438,19 +463,24 @@ class Store:
                     f"{free} bytes free, below the floor of {self.min_free_bytes} (store.min_free_bytes)",
                     "disk_full",
                 )
-        if self._invalidated:
-            try:
-                with contextlib.suppress(duckdb.Error):
-                    self.con.close()
-                self._open()
-            except duckdb.Error as exc:
-                raise StoreUnavailableError(str(self.path), _describe(exc)) from exc
-            self._invalidated = False
-            log.info("store_reopened", path=str(self.path), last_seq=self.last_seq)
+        self._reopen()
+
+    def _reopen(self) -> None:
+        """Open the database again if DuckDB invalidated it after an I/O error (under the lock)."""
+        if not self._invalidated:
+            return
+        try:
+            with contextlib.suppress(duckdb.Error):
+                self.con.close()
+            self._open(schema=False)
+        except duckdb.Error as exc:
+            raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
+        self._invalidated = False
+        log.info("store_reopened", path=str(self.path), last_seq=self.last_seq)
 
     def _raise_if_unavailable(self, exc: Exception) -> None:
         text = str(exc)
-        if "invalidated" in text or isinstance(exc, duckdb.FatalException):
+        if _INVALIDATED in text or isinstance(exc, duckdb.FatalException):
             self._invalidated = True
         if self._invalidated or isinstance(exc, _UNAVAILABLE) or _disk_full(exc):
             raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
