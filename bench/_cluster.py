@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import signal
 import subprocess
@@ -20,8 +21,15 @@ import nats
 import nats.errors
 from _wait import wait_until
 
-from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open
+from trainvigil.daemon.broker.embedded import find_binary, free_port
 from trainvigil.schemas.shards import partition_mappings
+
+
+def _since(path: Path, offset: int) -> str:
+    """What ``path`` holds past ``offset``: one start's part of a node's log."""
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
 
 
 class NatsCluster:
@@ -60,14 +68,33 @@ class NatsCluster:
         path.write_text(json.dumps(config, indent=2))
         return path
 
-    def start_node(self, i: int) -> None:
-        config = self._config(i)
-        log = open(self.root / f"n{i}.log", "ab")  # noqa: SIM115 - the child keeps its own descriptor
-        with log:
-            self.processes[i] = subprocess.Popen(
-                [str(find_binary()), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
-            )
-        wait_until(lambda: port_open("127.0.0.1", self.client_ports[i]), 15, f"nats node n{i} to listen")
+    def start_node(self, i: int, tries: int = 3) -> None:
+        """Start node ``i`` and wait until it listens.
+
+        Its ports were free when picked, but anything may bind them meanwhile (an outgoing
+        connection's ephemeral port included): a node that exits because a port is taken gets new
+        ones (its peers route to it, so the mesh still forms) and starts again, up to ``tries`` times.
+        """
+        log_path = self.root / f"n{i}.log"
+        for _ in range(tries):
+            config = self._config(i)
+            with log_path.open("ab") as log:  # the child keeps its own descriptor
+                since = log.tell()
+                process = subprocess.Popen(
+                    [str(find_binary()), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
+                )
+            self.processes[i] = process
+            # Its own word, not an open port: a port taken by another listener would answer too.
+            said = functools.partial(_since, log_path, since)
+            wait_until(lambda p=process, said=said: p.poll() is not None or "Server is ready" in said(), 30,
+                       f"nats node n{i} to listen")  # fmt: skip
+            if process.poll() is None:
+                return
+            self.processes[i] = None
+            if "address already in use" not in said():
+                break
+            self.client_ports[i], self.route_ports[i] = free_port(), free_port()
+        raise RuntimeError(f"nats node n{i} exited with {process.returncode}; its log ends:\n{said()[-2000:]}")
 
     def start(self, timeout: float = 60.0) -> None:
         """Every node, then wait until JetStream has a meta leader (the cluster can create streams).

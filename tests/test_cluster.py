@@ -10,6 +10,7 @@ import asyncio
 import functools
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -158,6 +159,20 @@ def _total(shards: list[ShardDaemon]) -> int:
 
 
 @pytest.mark.slow
+def test_a_node_whose_port_was_taken_since_it_was_picked_starts_on_new_ports(tmp_path: Path) -> None:
+    """CI once saw a node never listen: its port, free when picked, was bound by the time it started."""
+    cluster = NatsCluster(tmp_path / "nats", nodes=3, shards=SHARDS)
+    with socket.socket() as taken:  # bound, not listening: as an outgoing connection's port
+        taken.bind(("127.0.0.1", cluster.client_ports[2]))
+        try:
+            cluster.start()
+            assert cluster.client_ports[2] != taken.getsockname()[1]
+            assert "address already in use" in (tmp_path / "nats" / "n2.log").read_text()
+            assert cluster.jetstream_ready()
+        finally:
+            cluster.stop()
+
+
 def test_a_cluster_loses_and_repeats_nothing_when_a_nats_node_and_a_shard_are_killed(
     cluster: NatsCluster, start_shards: Callable[[str, dict[str, str]], list[ShardDaemon]]
 ) -> None:
