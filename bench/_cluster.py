@@ -15,6 +15,7 @@ import functools
 import json
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
@@ -86,8 +87,11 @@ class NatsCluster:
             self.processes[i] = process
             # Its own word, not an open port: a port taken by another listener would answer too.
             said = functools.partial(_since, log_path, since)
-            wait_until(lambda p=process, said=said: p.poll() is not None or "Server is ready" in said(), 30,
-                       f"nats node n{i} to listen")  # fmt: skip
+
+            def listening(p: subprocess.Popen[bytes] = process, said: Callable[[], str] = said) -> bool:
+                return p.poll() is not None or "Server is ready" in said()
+
+            wait_until(listening, 30, f"nats node n{i} to listen")
             if process.poll() is None:
                 return
             self.processes[i] = None

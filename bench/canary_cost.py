@@ -243,13 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ratio is not None:
         print()
         beside = f"beside a clean supervised canary (it took {ratio.canary_cpu_s:.1f} CPU s meanwhile)"
-        rows = [
+        ingest_rows = [
             ("alone", f"{ratio.alone_steps_per_s:,.0f}"),
             (beside, f"{ratio.beside_steps_per_s:,.0f}"),
             ("ratio (beside / alone)", f"{ratio.ratio:.2f}x"),
         ]
         what = f"ingest, {args.agents} agents x {args.ingest_steps:,} steps (median of {args.repeats})"
-        print(table((what, "steps/s"), rows))
+        print(table((what, "steps/s"), ingest_rows))
     return 0 if all(c.verdict == "pass" for c in costs) else 1
 
 

@@ -61,7 +61,7 @@ TARGET_FP_PER_100K = 1.0
 FAULT_AFTER = {"supervised": 1000, "rl": 400}
 """Faults land after this many steps: every detector is past its warm-up."""
 
-Variant = Callable[[], list[Any]]
+Variant = Callable[[], detectors.Detectors]
 """A fresh set of detectors (one per trace)."""
 
 
@@ -99,7 +99,7 @@ class Opened:
     time: float
 
 
-def run(trace: traces.Trace, batches: list[Any], dets: list[Any]) -> list[Opened]:
+def run(trace: traces.Trace, batches: list[Any], dets: detectors.Detectors) -> list[Opened]:
     """Feed ``batches`` (of ``trace``) through ``dets``; the episodes that opened."""
     wall = trace.ranks[0].time
     out = []

@@ -20,6 +20,7 @@ tensors already in memory (no disk).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import platform
@@ -108,13 +109,13 @@ def main() -> int:
         bufs = _buffers(sd)
         for algo in ("blake3", "sha256"):
             cases: list[tuple[str, Callable[[], Any]]] = [
-                ("digest()", lambda sd=sd, algo=algo: digest(sd, algo)),
-                ("1 thread", lambda bufs=bufs, algo=algo: _sequential(algo, bufs, 1)),
-                (f"pool over tensors ({cores})", lambda bufs=bufs, algo=algo: _pool(algo, bufs, cores)),
+                ("digest()", functools.partial(digest, sd, algo)),
+                ("1 thread", functools.partial(_sequential, algo, bufs, 1)),
+                (f"pool over tensors ({cores})", functools.partial(_pool, algo, bufs, cores)),
             ]
             if algo == "blake3":
                 cases.append(
-                    (f"blake3 max_threads={cores} per tensor", lambda bufs=bufs: _inner("blake3", bufs, cores))
+                    (f"blake3 max_threads={cores} per tensor", functools.partial(_inner, "blake3", bufs, cores))
                 )
             for name, fn in cases:
                 rows.append((label, algo, name, nbytes / 1e9 / _best(fn, args.repeat)))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capture_output=True,
                 text=True,
                 timeout=3600,
-                preexec_fn=lambda m=mine: os.sched_setaffinity(0, m),
+                preexec_fn=functools.partial(os.sched_setaffinity, 0, mine),
             )
             if done.returncode != 0:
                 raise RuntimeError(f"{label} failed: {done.stderr[-2000:]}")

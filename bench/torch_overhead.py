@@ -40,7 +40,7 @@ import torch
 
 import trainvigil
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
-from trainvigil.torch import watch
+from trainvigil.torch import Watch, watch
 
 
 def _mlp(device: str) -> torch.nn.Module:
@@ -170,7 +170,12 @@ def report(agent: trainvigil.Agent, device: str, args: argparse.Namespace) -> No
     for label, kwargs in [("watch hooks, grad_norm=False", {"grad_norm": False}), ("watch hooks, grad_norm=True", {})]:
         # The hooks' own work per step (pre + post, logging included), called directly.
         w = watch(model, opt, agent, start_step=step_no[0], **kwargs)
-        rows.append((label, _time(lambda w=w: (w._pre(opt, (), {}), w._post(opt, (), {})), device)))
+
+        def hooks(w: Watch = w) -> None:
+            w._pre(opt, (), {})
+            w._post(opt, (), {})
+
+        rows.append((label, _time(hooks, device)))
         step_no[0] = w.step
         w.remove()
     print(f"\n| {'operation alone':<30} | {'median ms':>9} | {'of plain step':>13} |")

@@ -96,7 +96,7 @@ class _Ticker:
         wait_until(lambda: steps_committed(self.port) > before, 30, "the tick committed", 0.01)
 
 
-def first_chart(base: str, browser: Any, cold: _Ticker) -> list[list[object]]:
+def first_chart(base: str, browser: Any, cold: _Ticker) -> list[list[str]]:
     rows = []
     for n in SIZES:
         run = f"size-{n}"
@@ -177,11 +177,16 @@ class _Pages:
     and each live page holds one)."""
 
     def __init__(self, base: str, browsers: list[Any], runs: list[str]) -> None:
-        self.base, self.browsers, self.runs, self.pages = base, browsers, runs, []
+        self.base, self.browsers, self.runs = base, browsers, runs
+        self.pages: list[Any] = []
 
     def __enter__(self) -> _Pages:
         for run in self.runs:  # the producers' run_start, sent once connected
-            wait_until(lambda run=run: _get(f"{self.base}/api/run?id={run}").status_code == 200, 30, f"run {run}")
+
+            def listed(run: str = run) -> bool:
+                return _get(f"{self.base}/api/run?id={run}").status_code == 200
+
+            wait_until(listed, 30, f"run {run}")
         for i in range(10):
             page = self.browsers[i % len(self.browsers)].new_page()
             page.goto(f"{self.base}/run?id={self.runs[i % len(self.runs)]}")

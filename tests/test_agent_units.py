@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -405,7 +406,8 @@ def test_resolve_bad_override_type_raises_config_error() -> None:
 @pytest.mark.parametrize(("name", "value"), [("flush_interval", 0), ("batch_size", 0), ("close_timeout", -1)])
 def test_options_reject_non_positive_settings(name: str, value: float) -> None:
     with pytest.raises(ConfigError, match=name):
-        AgentOptions(run_id="r", **{name: value})
+        overrides: dict[str, Any] = {name: value}
+        AgentOptions(run_id="r", **overrides)
 
 
 def test_options_reject_empty_run_id() -> None:
@@ -450,8 +452,8 @@ def offline_agent(tmp_path: Path) -> Iterator[Agent]:
 
 
 def test_log_with_bad_values_and_steps_never_raises_and_counts_drops(offline_agent: Agent) -> None:
-    offline_agent.log(0, loss="not a number")
-    offline_agent.log(1, loss=None)
+    offline_agent.log(0, loss="not a number")  # type: ignore[arg-type]
+    offline_agent.log(1, loss=None)  # type: ignore[arg-type]
     offline_agent.log("two", loss=2.0)  # type: ignore[arg-type]
     offline_agent.log(3.5, loss=3.0)  # type: ignore[arg-type]
     offline_agent.log(4, loss=object(), grad_norm=1.0)  # type: ignore[arg-type]
@@ -515,10 +517,14 @@ def test_leaving_the_with_block_ends_the_run_as_ok_unless_it_crashed(
     """Ctrl-C (or a canary runner's SIGINT) stops a run; only a real exception makes it an error (run_failed)."""
     closes: list[tuple[str, str]] = []
     worker = offline_agent._worker
+    assert worker is not None
     real = worker.request_close
-    monkeypatch.setattr(
-        worker, "request_close", lambda timeout, st, crash: (closes.append((st, crash)), real(timeout, st, crash))[1]
-    )
+
+    def recording_close(timeout: float, st: str, crash: str) -> None:
+        closes.append((st, crash))
+        return real(timeout, st, crash)
+
+    monkeypatch.setattr(worker, "request_close", recording_close)
     with pytest.raises(raised) if raised else contextlib.nullcontext(), offline_agent:
         if raised:
             raise raised("stop")

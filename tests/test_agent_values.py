@@ -39,7 +39,7 @@ from trainvigil.schemas.subjects import PREFIX
 try:
     import torch
 except ImportError:  # the agent never needs torch; only the tensor cases do
-    torch = None
+    torch = None  # type: ignore[assignment]  # the usual optional import: tests check `torch is None`
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
 
@@ -511,6 +511,7 @@ async def _read_run(url: str, run_id: str) -> list[tuple[str, Envelope]]:
         js = nc.jetstream()
         sub = await js.pull_subscribe(f"{PREFIX}.{run_token(run_id)}.*", stream=StreamConfig().name)
         want = (await sub.consumer_info()).num_pending
+        assert want is not None
         out: list[tuple[str, Envelope]] = []
         while len(out) < want:
             for msg in await sub.fetch(min(256, want - len(out)), timeout=5):
@@ -676,7 +677,7 @@ def test_stats_from_another_thread_while_logging_and_flushing_never_raises(tmp_p
         end = time.monotonic() + 2.0
         step = 0
         while time.monotonic() < end and not failures:
-            agent.log(step, loss=1.0, odd="x" if step % 97 == 0 else 1.0)
+            agent.log(step, loss=1.0, odd="x" if step % 97 == 0 else 1.0)  # type: ignore[arg-type]  # "x" is refused
             if step % 500 == 0:
                 agent.log(float(step), loss=1.0)  # type: ignore[arg-type]
                 agent.event("e", step=step, field=1.0)
@@ -834,13 +835,13 @@ def _script(draw: st.DrawFn) -> dict[str, Any]:
     expected_events: list[tuple[str, Any, Any]] = []
     for _ in range(draw(st.integers(0, 3))):
         kind = draw(st.one_of(st.text(max_size=6), st.integers(), st.just(np.int16(3))))
-        step = draw(st.one_of(st.none(), st.integers(0, 2**40), _BAD_STEP))
+        event_step = draw(st.one_of(st.none(), st.integers(0, 2**40), _BAD_STEP))
         fields = draw(st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), _field_tree(), max_size=4))
-        is_int = isinstance(step, int) and not isinstance(step, bool) and -(2**63) <= step < 2**63
-        good_step = step if is_int else None
-        bad["bad_step"] += step is not None and good_step is None
+        is_int = isinstance(event_step, int) and not isinstance(event_step, bool) and -(2**63) <= event_step < 2**63
+        good_step = event_step if is_int else None
+        bad["bad_step"] += event_step is not None and good_step is None
         bad["bad_field"] += sum(n for _, _, n in fields.values())
-        events.append((kind, step, {k: v for k, (v, _, _) in fields.items()}))
+        events.append((kind, event_step, {k: v for k, (v, _, _) in fields.items()}))
         expected_fields = {k: e for k, (_, e, _) in fields.items() if e is not _REFUSED}
         kind_text = str(kind)  # an int kind can be longer than a name may be: cut and counted, as any long kind
         bad["bad_field"] += len(kind_text) > MAX_NAME

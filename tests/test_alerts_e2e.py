@@ -18,6 +18,7 @@ import msgspec
 import nats
 import pytest
 from hooks import HANG, hook_server
+from nats.aio.msg import Msg
 from support import HERE, Daemon, NatsServer, finish, vigil, wait_for
 
 from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, decode, encode
@@ -55,7 +56,7 @@ def test_a_nan_at_step_n_yields_one_non_finite_alert_one_row_and_one_webhook_pos
         async def scenario() -> None:
             nc = await nats.connect(nats_server.url)
 
-            async def on_alert(msg: nats.aio.msg.Msg) -> None:
+            async def on_alert(msg: Msg) -> None:
                 received.extend((msg.subject, r) for r in decode(msg.data).records if isinstance(r, Anomaly))
 
             await nc.subscribe("vigil.v1.alerts.>", cb=on_alert)

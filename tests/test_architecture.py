@@ -54,12 +54,15 @@ def test_the_package_has_no_import_cycle(tmp_path: Path) -> None:
     assert done.stdout == "", f"import cycles:\n{done.stdout}"
 
 
-def test_the_package_type_checks(tmp_path: Path) -> None:
+def test_the_package_tests_benches_and_examples_type_check(tmp_path: Path) -> None:
     """mypy over the installed layout, with pyproject.toml's settings (the folders alone would not resolve
-    ``trainvigil.*`` imports, and mypy would take them as Any)."""
+    ``trainvigil.*`` imports, and mypy would take them as Any), and over ``tests/``, ``bench/`` and
+    ``examples/`` against it (their helper modules, ``support`` and ``_procs``, found as the tests find them)."""
     pytest.importorskip("mypy")
-    env = {**os.environ, "MYPYPATH": str(_tree(tmp_path))}
+    site = _tree(tmp_path)
+    env = {**os.environ, "MYPYPATH": os.pathsep.join([str(site), str(ROOT / "tests"), str(ROOT / "bench")])}
     command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
-    command += ["--cache-dir", str(tmp_path / "cache"), "-p", "trainvigil"]
+    command += ["--cache-dir", str(tmp_path / "cache"), "--explicit-package-bases", str(site / "trainvigil")]
+    command += [str(ROOT / folder) for folder in ("tests", "bench", "examples")]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -178,7 +178,7 @@ def test_a_reader_cannot_publish_records_nor_purge_or_delete_the_stream(bus: Sec
             _refused(c.js.delete_consumer(STREAM.name, STREAM.consumer)),
             _refused(c.js.add_stream(api.StreamConfig(name="STEAL", subjects=["vigil.v1.*.ckpt"]))),
         )
-        return refused, await c.violations()
+        return list(refused), await c.violations()
 
     refused, violations = as_role(bus, "reader", attack)
     assert refused == [True] * 5
@@ -230,7 +230,11 @@ def test_the_daemon_recreates_its_consumer_and_stream_when_someone_deletes_or_pu
             for step in range(phase * 100, (phase + 1) * 100):
                 agent.log(step, loss=expected_loss(0, step))
             n = (phase + 1) * 100
-            wait_for(lambda n=n: _count(bus, "survivor") == (n, n), 30, f"{n} steps after attack {phase}")
+
+            def counted(n: int = n) -> bool:
+                return _count(bus, "survivor") == (n, n)
+
+            wait_for(counted, 30, f"{n} steps after attack {phase}")
         assert agent.close(timeout=10)
     finally:
         agent.close(timeout=1)

@@ -7,7 +7,7 @@ import statistics
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from support import NatsServer, vigil, vigil_together
@@ -19,8 +19,9 @@ from trainvigil.schemas import Anomaly, CanaryResult
 NOW = time.time()
 HOUR, DAY = 3600.0, 86400.0
 
+CanaryVerdict = Literal["", "pass", "fail", "error", "aborted"]  # CanaryResult.verdict
 # (name, fault, verdict, expected, fired, latency_steps, latency_s, age in hours)
-CANARIES = [
+CANARIES: list[tuple[str, str, CanaryVerdict, str, str, int | None, float | None, int]] = [
     ("canary-a", "nan_grad", "pass", "non_finite", "non_finite", 0, 0.05, 1),
     ("canary-b", "nan_grad", "fail", "non_finite", "non_finite", 4, 0.4, 2),  # late
     ("canary-c", "nan_grad", "pass", "non_finite", "non_finite", 0, 0.02, 3),

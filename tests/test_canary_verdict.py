@@ -14,7 +14,7 @@ from trainvigil.daemon.canary.runner import failed_alert, result_of
 from trainvigil.daemon.canary.verdict import Alert, Ending, Evidence, Injection, Verdict, judge, settled
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.store.writer import Store
-from trainvigil.schemas import Anomaly, Envelope, RunEnd, RunEvent, RunStart, Source, encode
+from trainvigil.schemas import Anomaly, Envelope, Record, RunEnd, RunEvent, RunStart, Source, encode
 from trainvigil.schemas.canaries import CLEAN
 from trainvigil.schemas.subjects import data_subject
 
@@ -36,7 +36,7 @@ def _plan(fault: str, job: str = "supervised", fault_step: int | None = 50) -> P
 
 def _run(store: Store, *, world: int = 1, injected: tuple[str, int] | None = None, missed: str = "") -> None:
     """A canary run as agents send it: a start and an end per rank, and the fault's event."""
-    records: list[tuple[int, object]] = [(r, RunStart(time=T)) for r in range(world)]
+    records: list[tuple[int, Record]] = [(r, RunStart(time=T)) for r in range(world)]
     if injected is not None:
         kind, step = injected
         records.append((0, RunEvent(time=T + step, kind="fault_injected", step=step, fields={"kind": kind})))

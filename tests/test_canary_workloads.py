@@ -16,6 +16,7 @@ Latencies are printed (``pytest -s``) as ``canary <fault>: ...``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import signal
@@ -130,7 +131,7 @@ class Canary:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGABRT)
                 with contextlib.suppress(TimeoutError):
-                    wait_for(lambda pid=pid: gone(pid), 10, f"process {pid} to abort")
+                    wait_for(functools.partial(gone, pid), 10, f"process {pid} to abort")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
         return _stacks(self.log.read_text(errors="replace")) or _log(self)

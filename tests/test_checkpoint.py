@@ -104,7 +104,7 @@ def no_history(nats_server: NatsServer, tmp_path: Path) -> list[str]:
 
 def test_flipped_byte_fails_load_and_vigil_verify_names_the_tensor(tmp_path: Path, no_history: list[str]) -> None:
     path = tmp_path / "ckpt.pt"
-    state = {"encoder.weight": torch.randn(64, 64), "decoder.weight": torch.randn(64, 64), "step": 7}
+    state: dict[str, Any] = {"encoder.weight": torch.randn(64, 64), "decoder.weight": torch.randn(64, 64), "step": 7}
     saved = checkpoint.save(state, path, step=7)
     manifest = json.loads(checkpoint.manifest_path(path).read_text())
     assert manifest["root"] == saved.root and manifest["step"] == 7

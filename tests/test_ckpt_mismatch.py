@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors.ckpt_mismatch import CkptMismatch, CkptMismatchSettings
-from trainvigil.schemas import CheckpointDigest, Source
+from trainvigil.schemas import Anomaly, CheckpointDigest, Source
 
 
 def _parity(run: str, rank: int, step: int, root: str, world: int = 3) -> tuple[Source, CheckpointDigest]:
@@ -46,7 +48,9 @@ def test_pending_steps_are_bounded() -> None:
     assert len(det._parity["r"]) <= 4
 
 
-def _ckpt(origin: str, root: str, ok: bool = True, rank: int = 0, t: float = 1.0) -> tuple[Source, CheckpointDigest]:
+def _ckpt(
+    origin: Literal["save", "load", "parity"], root: str, ok: bool = True, rank: int = 0, t: float = 1.0
+) -> tuple[Source, CheckpointDigest]:
     return Source(run_id="r", rank=rank), CheckpointDigest(
         time=t, step=7, algo="blake3", root=root, tensors={"w": root}, path="/c/model.pt", origin=origin, ok=ok
     )
@@ -77,7 +81,7 @@ def test_a_rank_that_ends_first_is_not_paged_again_by_digests_that_arrive_after_
     from trainvigil.schemas import RunEnd
 
     dets = detectors.build(DaemonConfig().detectors)
-    pages = []
+    pages: list[Anomaly] = []
 
     def feed(batch: IngestBatch) -> None:
         pages.extend(a for a in run_all(dets, batch) if a.detector == "ckpt_mismatch" and a.state == "open")

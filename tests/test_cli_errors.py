@@ -10,10 +10,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -84,7 +85,14 @@ class Setting:
             ],
             stdout=subprocess.PIPE,
         )
-        self._cleanups.append(lambda: (holder.kill(), holder.wait(), holder.stdout and holder.stdout.close()))
+
+        def stop() -> None:
+            holder.kill()
+            holder.wait()
+            if holder.stdout:
+                holder.stdout.close()
+
+        self._cleanups.append(stop)
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         return data
 
@@ -307,7 +315,7 @@ def test_stdlib_log_records_come_out_as_the_same_json_lines() -> None:
 
 
 def test_nats_server_stopped_from_outside_is_info_not_error_and_restarts(tmp_path: Path) -> None:
-    async def main() -> list[dict[str, object]]:
+    async def main() -> list[MutableMapping[str, Any]]:
         with structlog.testing.capture_logs() as logs:
             async with anyio.create_task_group() as tg:
                 await tg.start(supervise, free_port(), tmp_path / "js")

@@ -30,9 +30,9 @@ def _fleet(seconds: int = SECONDS, nan_at: tuple[int, int] | None = None) -> lis
             loss = 2.0 * np.exp(-step / 400) * np.exp(rng.normal(0.0, 0.02, PER_MESSAGE))
             pace = 0.3 if rank == 5 else 0.2
             if (rank, *SPIKE[1:]) == (SPIKE[0], *SPIKE[1:]) and SPIKE[1] in step:
-                grad[list(step).index(SPIKE[1])] *= 50
+                grad[step.tolist().index(SPIKE[1])] *= 50
             if nan_at is not None and rank == nan_at[0] and nan_at[1] in step:
-                loss[list(step).index(nan_at[1])] = np.nan
+                loss[step.tolist().index(nan_at[1])] = np.nan
             metrics = {"grad_norm": grad, "loss": loss, "step_time": np.full(PER_MESSAGE, pace)}
             batch.steps.append(step_columns_of("fleet", rank, step, metrics, step * pace))
         batches.append(batch)

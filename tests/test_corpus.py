@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import corpus_eval
 import pyarrow as pa
@@ -118,7 +119,9 @@ def _run(tmp_path: Path, fault: dict[str, object] | None, expected: list[str]) -
     return load.Run(tmp_path, manifest)
 
 
-def _alert(detector: str, rank: int, step: int, time: float, severity: str = "page", state: str = "open") -> Anomaly:
+def _alert(
+    detector: str, rank: int, step: int, time: float, severity: Literal["warn", "page"] = "page", state: str = "open"
+) -> Anomaly:
     episode = f"{detector}:t:{rank}:{step}"
     return Anomaly(
         time=time, run_id="t", rank=rank, step=step, detector=detector, severity=severity, state=state, episode=episode

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def test_the_gil_sampler_and_the_stuck_probe_read_frames_with_gc_off(monkeypatch
     real = sys._current_frames
     enabled_during: list[bool] = []
 
-    def recording() -> dict[int, object]:
+    def recording() -> dict[int, types.FrameType]:
         enabled_during.append(gc.isenabled())
         return real()
 

@@ -116,6 +116,7 @@ def test_after_an_lr_blow_up_reward_hack_does_not_blame_the_reward_model(name: s
     """Nor the entropy bonus: a policy its LR blew up collapses its entropy too (Acrobot x100 did, 166 updates
     after the jump), and that is kl_explode's page."""
     fault = _fault(name)
+    assert fault is not None
     blamed = [(a.step, a.message[:80]) for a in _opened(name) if a.detector == "reward_hack" and (a.step or 0) >= fault]
     assert blamed == []
 

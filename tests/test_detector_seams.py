@@ -4,7 +4,7 @@ and detectors switched off in the configuration (pure: batches in, alerts out, n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ from trainvigil.daemon.detectors._lifecycle import RunTracker
 from trainvigil.daemon.detectors._series import StreamKey, Values, streams
 from trainvigil.daemon.detectors.grad_spike import GradSpike
 from trainvigil.daemon.detectors.stall import Stall
+from trainvigil.daemon.detectors.straggler import Straggler
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import Anomaly, CheckpointDigest, GilSample, Heartbeat, RunEnd, RunStart, Source
 
@@ -75,7 +76,8 @@ class Hasty(Boom):
 def _with_boom(kind: type[Boom] = Boom) -> tuple[Detectors, Boom]:
     config = load(None, env={})
     dets = detectors.build(config.detectors)
-    boom = kind(config.detectors.grad_spike)
+    tables: Any = config.detectors  # built by defstruct: its fields are not known statically
+    boom = kind(tables.grad_spike)
     dets.append(boom)
     return dets, boom
 
@@ -159,8 +161,8 @@ def test_a_detector_sees_the_same_batch_object_unless_one_of_its_runs_is_disable
             seen.append(batch)
             return super().__call__(batch)
 
-    config = load(None, env={})
-    dets = Detectors([Spy(config.detectors.stall)])
+    tables: Any = load(None, env={}).detectors  # built by defstruct: its fields are not known statically
+    dets = Detectors([Spy(tables.stall)])
     batch = batch_of(*[_parts(run, i)[0] for i, run in enumerate(RUNS)], now=1.0)
     run_all(dets, batch)
     dets.failures.disabled["spy"] = {"not-in-this-batch"}
@@ -183,7 +185,8 @@ def test_a_failure_of_runs_together_is_counted_every_time_logged_once_and_costs_
             return super().__call__(batch)
 
     dets, _ = _with_boom()
-    dets.append(Crowded(load(None, env={}).detectors.grad_spike))
+    tables: Any = load(None, env={}).detectors  # built by defstruct: its fields are not known statically
+    dets.append(Crowded(tables.grad_spike))
     per_run = [_parts(run, seed) for seed, run in enumerate(RUNS)]
     found: list[Anomaly] = []
     with structlog.testing.capture_logs() as logs:
@@ -207,7 +210,8 @@ def test_a_failure_on_batches_of_no_run_is_counted_every_time_and_logged_once() 
             return super().__call__(batch)
 
     config = load(None, env={})
-    dets = Detectors([Brittle(config.detectors.stall), *detectors.build(config.detectors)])
+    tables: Any = config.detectors  # built by defstruct: its fields are not known statically
+    dets = Detectors([Brittle(tables.stall), *detectors.build(config.detectors)])
     with structlog.testing.capture_logs() as logs:
         run_all(dets, batch_of(_parts("a", 0)[0], now=0.0))
         for now in (10.0, 20.0, 200.0):
@@ -308,6 +312,7 @@ def test_thousands_of_short_runs_that_end_leave_no_state_behind() -> None:
         if g == 1:
             assert all(tracked.values()), f"every detector holds state for live runs: {tracked}"
             straggler = next(d for d in dets if d.name == "straggler")
+            assert isinstance(straggler, Straggler)
             assert "run-0-0" in straggler._runs, "rank 1 of run-0-0 is still live: its run-level state stays"
     assert dets.tracked() == dict.fromkeys(peak, 0)
     assert len(dets.runs) == 0

@@ -67,19 +67,32 @@ def arm() -> Iterator[Callable[[str], RecordingAgent]]:
     assert faults.armed() is None
 
 
-def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(dtype)
 
 
 def _watched(
     agent: RecordingAgent, lr: float = 0.01, dtype: torch.dtype = torch.float32
-) -> tuple[torch.nn.Module, torch.optim.SGD, Watch]:
+) -> tuple[torch.nn.Sequential, torch.optim.SGD, Watch]:
     """A model, its SGD optimizer and watch() on them, logging to ``agent``."""
     model = _model(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     # watch()'s own norm is float32-only: float64 models (exact arithmetic below) go without it.
     return model, opt, watch(model, opt, agent, grad_norm=dtype == torch.float32)  # type: ignore[arg-type]
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s gradient, which the training step has just computed."""
+    assert p.grad is not None
+    return p.grad
+
+
+def _weight(model: torch.nn.Sequential, index: int) -> torch.Tensor:
+    """The weight of the Linear layer at ``index``."""
+    layer = model[index]
+    assert isinstance(layer, torch.nn.Linear)
+    return layer.weight
 
 
 def _loop(
@@ -231,7 +244,7 @@ def test_nan_grad_puts_one_nan_in_one_gradient_after_backward_at_step_k(arm: Cal
     clipped: list[float] = []
 
     def look(step: int) -> None:
-        nans.append({n: int(p.grad.isnan().sum()) for n, p in model.named_parameters() if p.grad.isnan().any()})
+        nans.append({n: int(_grad(p).isnan().sum()) for n, p in model.named_parameters() if _grad(p).isnan().any()})
         clipped.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)))  # the user's clip sees it
 
     _loop(model, opt, 4, after_backward=look)
@@ -255,8 +268,8 @@ def test_grad_spike_multiplies_every_gradient_by_1000_for_one_step(arm: Callable
         model(x).pow(2).mean().backward()
         twin.zero_grad()
         twin(x).pow(2).mean().backward()
-        got = torch.cat([p.grad.flatten() for p in model.parameters()])
-        true = torch.cat([p.grad.flatten() for p in twin.parameters()])
+        got = torch.cat([_grad(p).flatten() for p in model.parameters()])
+        true = torch.cat([_grad(p).flatten() for p in twin.parameters()])
         ratios.append(float(got.norm() / true.norm()))
         assert torch.allclose(got, true * ratios[-1])
         opt.step()
@@ -270,13 +283,13 @@ def test_lr_spike_steps_with_100x_the_scheduled_lr_from_k_on(arm: Callable[[str]
     agent = arm("lr_spike@5")
     model, opt, w = _watched(agent, 1e-4, torch.float64)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
-    weight = model[0].weight
+    weight = _weight(model, 0)
     effective: list[float] = []
     scheduled: list[float] = []
     for _ in range(10):
         opt.zero_grad()
         model(torch.randn(8, 8, dtype=torch.float64)).pow(2).mean().backward()
-        before, grad = weight.detach().clone(), weight.grad.clone()
+        before, grad = weight.detach().clone(), _grad(weight).clone()
         scheduled.append(opt.param_groups[0]["lr"])
         opt.step()
         i = int(grad.abs().argmax())
@@ -337,7 +350,11 @@ def test_gil_starts_busy_python_threads_at_step_k(arm: Callable[[str], Recording
         assert thread.ident is not None
         clock = time.pthread_getcpuclockid(thread.ident)
         start = time.clock_gettime(clock)
-        wait_for(lambda c=clock, s=start: time.clock_gettime(c) > s + 0.05, 30, "each busy thread to burn CPU")
+
+        def burned(c: int = clock, s: float = start) -> bool:
+            return time.clock_gettime(c) > s + 0.05
+
+        wait_for(burned, 30, "each busy thread to burn CPU")
     agent.close()
     for thread in threads:
         thread.join(timeout=10)
@@ -360,5 +377,5 @@ def test_ckpt_corrupt_flips_the_first_save_at_or_after_k_so_its_load_fails(
     with pytest.raises(CheckpointIntegrityError, match="does not match its manifest"):
         checkpoint.load(paths[10])
     checkpoint.load(paths[15])  # once only
-    ((step, fields),) = agent.of("fault_injected")
-    assert step == 10 and fields["kind"] == "ckpt_corrupt" and fields["path"] == str(paths[10].resolve())
+    ((injected_at, fields),) = agent.of("fault_injected")
+    assert injected_at == 10 and fields["kind"] == "ckpt_corrupt" and fields["path"] == str(paths[10].resolve())

@@ -15,7 +15,7 @@ import pytest
 
 from trainvigil.daemon import detectors
 from trainvigil.daemon.batch.decode import IngestBatch
-from trainvigil.daemon.batch.from_arrays import batch_of, step_columns_of
+from trainvigil.daemon.batch.from_arrays import Metric, batch_of, step_columns_of
 from trainvigil.daemon.cli.replay import replay_table
 from trainvigil.daemon.config import load
 from trainvigil.schemas import Anomaly, RunEvent, RunStart, Source
@@ -56,7 +56,8 @@ def _run(
         steps = np.arange(i * every, (i + 1) * every)
         loss = t * np.exp(rng.normal(0, 0.05, every))
         vals = np.full(every, v)
-        metrics = {"loss": loss, name: (vals, steps == steps[-1])}  # present at the evaluation step only
+        # ``name`` is present at the evaluation step only
+        metrics: dict[str, Metric] = {"loss": loss, name: (vals, steps == steps[-1])}
         part = step_columns_of("run", 0, steps, metrics, time=steps.astype(float))
         out += det(batch_of(part, now=float(steps[-1])))
     return out

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ def measure(workload: str, seconds: float = 1.5, switch_interval: float | None =
     return result
 
 
-def meets(workload: str, problems: Callable[[dict[str, Any]], list[str]], **kwargs: Any) -> dict[str, Any]:
+def meets(workload: str, problems: Callable[[dict[str, Any]], Sequence[object]], **kwargs: Any) -> dict[str, Any]:
     """Measure until ``problems(result)`` is empty, at most ATTEMPTS times; fail with every miss."""
     misses = []
     for _ in range(ATTEMPTS):

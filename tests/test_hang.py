@@ -22,6 +22,7 @@ STEP_S = 0.1  # a healthy loop: 10 steps/s, so 20 x p99 = 2 s and the 60 s floor
 
 def _hang(**settings: float) -> Hang:
     (hang,) = [d for d in detectors.build(load(None, env={}).detectors) if d.name == "hang"]
+    assert isinstance(hang, Hang)
     if settings:
         hang = Hang(Hang.Settings(**settings))  # type: ignore[arg-type]
     return hang
@@ -153,7 +154,8 @@ def test_the_agents_probe_samples_a_really_blocked_thread_only_once_its_step_sto
 def _run_failed(**settings: float) -> detectors.Detector:
     (det,) = [d for d in detectors.build(load(None, env={}).detectors) if d.name == "run_failed"]
     if settings:
-        det = type(det)(type(det).Settings(**settings))  # type: ignore[call-arg]
+        # **floats into a Settings that also has a bool field; the Detector protocol declares no __init__
+        det = type(det)(type(det).Settings(**settings))  # type: ignore[call-arg, arg-type]
     return det
 
 

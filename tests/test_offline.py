@@ -114,7 +114,11 @@ def test_next_agent_delivers_the_leftover_files_meant_for_its_broker(tmp_path: P
         assert not kept.exists(), "the leftover file is removed once every message was acknowledged"
         assert elsewhere.exists(), "a file meant for another broker waits for vigil push"
         for run_id in ("offline-left", "online-next"):
-            wait_for(lambda run_id=run_id: _rows(daemon, run_id) >= N, 30, f"{N} rows of {run_id}")
+
+            def arrived(run_id: str = run_id) -> bool:
+                return _rows(daemon, run_id) >= N
+
+            wait_for(arrived, 30, f"{N} rows of {run_id}")
             assert _rows(daemon, run_id) == N
         assert _rows(daemon, "offline-elsewhere") == 0
     finally:

@@ -12,15 +12,17 @@ import copy
 import importlib.util
 import itertools
 from collections.abc import Callable
+from typing import TypedDict
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
+import torch
+from torch import nn
+from torch.nn import functional as F
 
-from trainvigil.optim import Adan, Lion, Muon, SophiaG, gnb_loss  # noqa: E402
+from trainvigil.optim import Adan, Lion, Muon, SophiaG, gnb_loss
 
 STEPS = 100
 RTOL = 1e-5
@@ -66,12 +68,25 @@ def _assert_close(ours: nn.Module, ref: nn.Module, rtol: float = RTOL) -> None:
         assert rel <= rtol, f"{name}: relative difference {rel:.2e} after {STEPS} steps"
 
 
+class _LionKwargs(TypedDict):
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+
+
+class _AdanKwargs(TypedDict):
+    lr: float
+    betas: tuple[float, float, float]
+    weight_decay: float
+    eps: float
+
+
 @_needs("lion_pytorch", "lion-pytorch")
 def test_lion_matches_lion_pytorch() -> None:
     from lion_pytorch import Lion as RefLion
 
     ours, ref = _model(), _model()
-    kw = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
+    kw: _LionKwargs = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
     _train(ours, Lion(ours.parameters(), **kw), _batches(STEPS))
     _train(ref, RefLion(ref.parameters(), **kw), _batches(STEPS))
     _assert_close(ours, ref)
@@ -82,7 +97,7 @@ def test_adan_matches_pytorch_optimizer() -> None:
     from pytorch_optimizer import Adan as RefAdan
 
     ours, ref = _model(), _model()
-    kw = {"lr": 3e-3, "betas": (0.98, 0.92, 0.99), "weight_decay": 0.02, "eps": 1e-8}
+    kw: _AdanKwargs = {"lr": 3e-3, "betas": (0.98, 0.92, 0.99), "weight_decay": 0.02, "eps": 1e-8}
     _train(ours, Adan(ours.parameters(), **kw), _batches(STEPS))
     _train(ref, RefAdan(ref.parameters(), weight_decouple=True, foreach=False, **kw), _batches(STEPS))
     _assert_close(ours, ref)

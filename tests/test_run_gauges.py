@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Literal
 
 import numpy as np
 
@@ -14,11 +15,11 @@ from trainvigil.schemas import Anomaly, RunEnd, Source
 
 def _steps(run_id: str, first: int, n: int, t0: float, loss: float | None = None) -> StepColumns:
     steps = np.arange(first, first + n, dtype=np.int64)
-    known = {} if loss is None else {"loss": (np.full(n, loss), None)}
+    known: dict[str, tuple[np.ndarray, np.ndarray | None]] = {} if loss is None else {"loss": (np.full(n, loss), None)}
     return StepColumns(Source(run_id=run_id), steps, t0 + 0.1 * (steps - first), known, {})
 
 
-def _alert(run_id: str, state: str, severity: str = "page") -> Anomaly:
+def _alert(run_id: str, state: str, severity: Literal["warn", "page"] = "page") -> Anomaly:
     return Anomaly(time=1.0, run_id=run_id, rank=0, step=5, detector="non_finite", severity=severity, value=0.0,
                    message="m", state=state, episode="non_finite:1")  # fmt: skip
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from support import HERE, Daemon, NatsServer, wait_for
 
@@ -48,7 +49,7 @@ def test_watch_and_user_metrics_share_one_row_and_a_corrupt_load_pages(
     assert all(r[2] is not None and r[3] is not None and r[4] == 0.01 for r in rows), "loss and watch() merged"
     assert rows[0][5] is None and all(r[5] > 0 for r in rows[1:])
 
-    def digests() -> list[tuple[object, ...]]:
+    def digests() -> list[list[Any]]:
         return daemon.sql(
             "select origin, ok, step, split_part(path, '/', -1), root from checkpoints "
             "where run_id = 'tw' order by time"

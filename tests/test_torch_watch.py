@@ -32,11 +32,24 @@ class RecordingAgent:
         self.emitted.append(record)
 
 
-def _model() -> torch.nn.Module:
+def _model() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
     )
+
+
+def _weight(model: torch.nn.Sequential, index: int) -> torch.Tensor:
+    """The weight of the Linear layer at ``index``."""
+    layer = model[index]
+    assert isinstance(layer, torch.nn.Linear)
+    return layer.weight
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s gradient, which the training step has just computed."""
+    assert p.grad is not None
+    return p.grad
 
 
 def _train(
@@ -60,7 +73,8 @@ def _train(
 
 def test_logs_grad_norm_lr_and_step_time_under_its_step_numbers() -> None:
     model, agent = _model(), RecordingAgent()
-    opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2:].parameters(), "lr": 0.5}], lr=0.1)
+    groups: list[dict[str, Any]] = [{"params": model[0].parameters()}, {"params": model[2:].parameters(), "lr": 0.5}]
+    opt = torch.optim.SGD(groups, lr=0.1)
     w = watch(model, opt, agent, start_step=100)  # type: ignore[arg-type]
     norms = _train(model, opt, 5)
     w.flush()
@@ -111,7 +125,7 @@ def test_nan_in_one_gradient_at_step_n_reports_a_non_finite_norm_at_n_and_names_
 
     def inject(step: int) -> None:
         if step == 6:
-            model[2].weight.grad[3, 4] = float("nan")
+            _grad(_weight(model, 2))[3, 4] = float("nan")
 
     _train(model, opt, 9, before_step=inject)
     w.flush()
@@ -131,7 +145,7 @@ def test_grad_scaler_reports_loss_scale_and_skipped_steps() -> None:
         opt.zero_grad()
         scaler.scale(model(torch.randn(8, 16)).pow(2).mean()).backward()
         if step == 2:
-            model[0].weight.grad[0, 0] = float("inf")
+            _grad(_weight(model, 0))[0, 0] = float("inf")
         scaler.step(opt)
         scaler.update()
     w.flush()
@@ -213,7 +227,7 @@ def test_watched_steps_read_no_tensor_value_on_the_training_thread(monkeypatch: 
         key, real_pre = next(iter(hooks.items()))
 
         def syncing_pre(*args: Any) -> None:
-            model[0].weight.sum().item()
+            _weight(model, 0).sum().item()
             real_pre(*args)
 
         hooks[key] = arm(syncing_pre)
@@ -242,11 +256,13 @@ def test_parity_digests_are_published_every_n_steps_off_the_training_thread() ->
     records = sorted(agent.emitted, key=lambda r: r.step)
     # A copy is skipped (counted) when hashing falls MAX_IN_FLIGHT copies behind, as on a loaded machine.
     assert {r.step for r in records} <= {0, 4, 8} and records[0].step == 0
+    assert w.parity is not None
     assert len(records) + w.parity.skipped == 3
     from trainvigil import checkpoint
 
     for r in records:
         assert isinstance(r, CheckpointDigest) and r.origin == "parity"
+        assert r.step is not None
         assert r.root == checkpoint.digest(snapshots[r.step]).root, "the digest is of the parameters at that step"
     assert len(records) < 2 or records[0].root != records[1].root
 

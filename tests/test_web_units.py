@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -53,7 +54,7 @@ def test_bucket_count_keeps_points_and_rows_in_budget() -> None:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "vigil.duckdb")
     s.con.execute(
         "INSERT INTO runs (run_id, first_seen, last_seen, world_size, status) VALUES ('r', now(), now(), 2, 'running')"

@@ -27,7 +27,7 @@ The official code scales ``h`` by the batch size in the step instead; the update
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -112,7 +112,7 @@ class SophiaG(GroupwiseOptimizer):
         self.fold_hessian(params, [torch.mul(e, e) for e in estimates], scale=float(batch_size))
 
     @torch.no_grad()
-    def fold_hessian(self, params: list[Tensor], estimates: list[Tensor], scale: float = 1.0) -> None:
+    def fold_hessian(self, params: Sequence[Tensor], estimates: Sequence[Tensor], scale: float = 1.0) -> None:
         """Fold diagonal estimates ``e`` (one per parameter, any estimator) in: ``h = b2 h + (1 - b2) scale e``."""
         by_param = dict(zip(params, estimates, strict=True))
         for group in self.param_groups:
