@@ -365,9 +365,10 @@ class Store:
     def invalidated_by(self, error: str) -> bool:
         """Whether a reader's ``error`` says DuckDB invalidated the database; if so, the next
         :meth:`cursor` (or write) opens it again."""
-        if _INVALIDATED in error:
+        found = _INVALIDATED in error
+        if found:
             self._invalidated = True
-        return _INVALIDATED in error
+        return found
 
     def close(self) -> None:
         with self._lock:
@@ -479,8 +480,7 @@ class Store:
         log.info("store_reopened", path=str(self.path), last_seq=self.last_seq)
 
     def _raise_if_unavailable(self, exc: Exception) -> None:
-        text = str(exc)
-        if _INVALIDATED in text or isinstance(exc, duckdb.FatalException):
+        if self.invalidated_by(str(exc)) or isinstance(exc, duckdb.FatalException):
             self._invalidated = True
         if self._invalidated or isinstance(exc, _UNAVAILABLE) or _disk_full(exc):
             raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
