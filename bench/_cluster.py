@@ -76,22 +76,8 @@ class NatsCluster:
         connection's ephemeral port included): a node that exits because a port is taken gets new
         ones (its peers route to it, so the mesh still forms) and starts again, up to ``tries`` times.
         """
-        log_path = self.root / f"n{i}.log"
         for _ in range(tries):
-            config = self._config(i)
-            with log_path.open("ab") as log:  # the child keeps its own descriptor
-                since = log.tell()
-                process = subprocess.Popen(
-                    [str(find_binary()), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
-                )
-            self.processes[i] = process
-            # Its own word, not an open port: a port taken by another listener would answer too.
-            said = functools.partial(_since, log_path, since)
-
-            def listening(p: subprocess.Popen[bytes] = process, said: Callable[[], str] = said) -> bool:
-                return p.poll() is not None or "Server is ready" in said()
-
-            wait_until(listening, 30, f"nats node n{i} to listen")
+            process, said = self._launch(i)
             if process.poll() is None:
                 return
             self.processes[i] = None
@@ -99,6 +85,19 @@ class NatsCluster:
                 break
             self.client_ports[i], self.route_ports[i] = free_port(), free_port()
         raise RuntimeError(f"nats node n{i} exited with {process.returncode}; its log ends:\n{said()[-2000:]}")
+
+    def _launch(self, i: int) -> tuple[subprocess.Popen[bytes], Callable[[], str]]:
+        """Node ``i`` started once and awaited until it is ready or has exited; with what it has logged since."""
+        config = self._config(i)  # makes the root folder too
+        log_path = self.root / f"n{i}.log"
+        with log_path.open("ab") as log:  # the child keeps its own descriptor
+            since = log.tell()
+            process = subprocess.Popen([str(find_binary()), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        self.processes[i] = process
+        said = functools.partial(_since, log_path, since)
+        # Its own word, not an open port: a port taken by another listener would answer too.
+        wait_until(lambda: process.poll() is not None or "Server is ready" in said(), 30, f"nats node n{i} to listen")
+        return process, said
 
     def start(self, timeout: float = 60.0) -> None:
         """Every node, then wait until JetStream has a meta leader (the cluster can create streams).
