@@ -73,10 +73,14 @@ class Hasty(Boom):
         return out
 
 
+def _tables() -> Any:
+    """The default detector settings (built by defstruct: their fields are not known statically)."""
+    return load(None, env={}).detectors
+
+
 def _with_boom(kind: type[Boom] = Boom) -> tuple[Detectors, Boom]:
-    config = load(None, env={})
-    dets = detectors.build(config.detectors)
-    tables: Any = config.detectors  # built by defstruct: its fields are not known statically
+    tables = _tables()
+    dets = detectors.build(tables)
     boom = kind(tables.grad_spike)
     dets.append(boom)
     return dets, boom
@@ -161,8 +165,7 @@ def test_a_detector_sees_the_same_batch_object_unless_one_of_its_runs_is_disable
             seen.append(batch)
             return super().__call__(batch)
 
-    tables: Any = load(None, env={}).detectors  # built by defstruct: its fields are not known statically
-    dets = Detectors([Spy(tables.stall)])
+    dets = Detectors([Spy(_tables().stall)])
     batch = batch_of(*[_parts(run, i)[0] for i, run in enumerate(RUNS)], now=1.0)
     run_all(dets, batch)
     dets.failures.disabled["spy"] = {"not-in-this-batch"}
@@ -185,8 +188,7 @@ def test_a_failure_of_runs_together_is_counted_every_time_logged_once_and_costs_
             return super().__call__(batch)
 
     dets, _ = _with_boom()
-    tables: Any = load(None, env={}).detectors  # built by defstruct: its fields are not known statically
-    dets.append(Crowded(tables.grad_spike))
+    dets.append(Crowded(_tables().grad_spike))
     per_run = [_parts(run, seed) for seed, run in enumerate(RUNS)]
     found: list[Anomaly] = []
     with structlog.testing.capture_logs() as logs:
@@ -209,9 +211,8 @@ def test_a_failure_on_batches_of_no_run_is_counted_every_time_and_logged_once() 
                 raise RuntimeError("empty batch")
             return super().__call__(batch)
 
-    config = load(None, env={})
-    tables: Any = config.detectors  # built by defstruct: its fields are not known statically
-    dets = Detectors([Brittle(tables.stall), *detectors.build(config.detectors)])
+    tables = _tables()
+    dets = Detectors([Brittle(tables.stall), *detectors.build(tables)])
     with structlog.testing.capture_logs() as logs:
         run_all(dets, batch_of(_parts("a", 0)[0], now=0.0))
         for now in (10.0, 20.0, 200.0):

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from support import wait_for
+from torch_helpers import grad_of, linear_weight
 
 import trainvigil
 from trainvigil import checkpoint, faults
@@ -80,19 +81,6 @@ def _watched(
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     # watch()'s own norm is float32-only: float64 models (exact arithmetic below) go without it.
     return model, opt, watch(model, opt, agent, grad_norm=dtype == torch.float32)  # type: ignore[arg-type]
-
-
-def _grad(p: torch.Tensor) -> torch.Tensor:
-    """``p``'s gradient, which the training step has just computed."""
-    assert p.grad is not None
-    return p.grad
-
-
-def _weight(model: torch.nn.Sequential, index: int) -> torch.Tensor:
-    """The weight of the Linear layer at ``index``."""
-    layer = model[index]
-    assert isinstance(layer, torch.nn.Linear)
-    return layer.weight
 
 
 def _loop(
@@ -244,7 +232,7 @@ def test_nan_grad_puts_one_nan_in_one_gradient_after_backward_at_step_k(arm: Cal
     clipped: list[float] = []
 
     def look(step: int) -> None:
-        nans.append({n: int(_grad(p).isnan().sum()) for n, p in model.named_parameters() if _grad(p).isnan().any()})
+        nans.append({n: int(grad_of(p).isnan().sum()) for n, p in model.named_parameters() if grad_of(p).isnan().any()})
         clipped.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)))  # the user's clip sees it
 
     _loop(model, opt, 4, after_backward=look)
@@ -268,8 +256,8 @@ def test_grad_spike_multiplies_every_gradient_by_1000_for_one_step(arm: Callable
         model(x).pow(2).mean().backward()
         twin.zero_grad()
         twin(x).pow(2).mean().backward()
-        got = torch.cat([_grad(p).flatten() for p in model.parameters()])
-        true = torch.cat([_grad(p).flatten() for p in twin.parameters()])
+        got = torch.cat([grad_of(p).flatten() for p in model.parameters()])
+        true = torch.cat([grad_of(p).flatten() for p in twin.parameters()])
         ratios.append(float(got.norm() / true.norm()))
         assert torch.allclose(got, true * ratios[-1])
         opt.step()
@@ -283,13 +271,13 @@ def test_lr_spike_steps_with_100x_the_scheduled_lr_from_k_on(arm: Callable[[str]
     agent = arm("lr_spike@5")
     model, opt, w = _watched(agent, 1e-4, torch.float64)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
-    weight = _weight(model, 0)
+    weight = linear_weight(model, 0)
     effective: list[float] = []
     scheduled: list[float] = []
     for _ in range(10):
         opt.zero_grad()
         model(torch.randn(8, 8, dtype=torch.float64)).pow(2).mean().backward()
-        before, grad = weight.detach().clone(), _grad(weight).clone()
+        before, grad = weight.detach().clone(), grad_of(weight).clone()
         scheduled.append(opt.param_groups[0]["lr"])
         opt.step()
         i = int(grad.abs().argmax())

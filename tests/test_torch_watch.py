@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch_helpers import grad_of, linear_weight
 
 from trainvigil.schemas import CheckpointDigest
 from trainvigil.torch import watch
@@ -37,19 +38,6 @@ def _model() -> torch.nn.Sequential:
     return torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
     )
-
-
-def _weight(model: torch.nn.Sequential, index: int) -> torch.Tensor:
-    """The weight of the Linear layer at ``index``."""
-    layer = model[index]
-    assert isinstance(layer, torch.nn.Linear)
-    return layer.weight
-
-
-def _grad(p: torch.Tensor) -> torch.Tensor:
-    """``p``'s gradient, which the training step has just computed."""
-    assert p.grad is not None
-    return p.grad
 
 
 def _train(
@@ -125,7 +113,7 @@ def test_nan_in_one_gradient_at_step_n_reports_a_non_finite_norm_at_n_and_names_
 
     def inject(step: int) -> None:
         if step == 6:
-            _grad(_weight(model, 2))[3, 4] = float("nan")
+            grad_of(linear_weight(model, 2))[3, 4] = float("nan")
 
     _train(model, opt, 9, before_step=inject)
     w.flush()
@@ -145,7 +133,7 @@ def test_grad_scaler_reports_loss_scale_and_skipped_steps() -> None:
         opt.zero_grad()
         scaler.scale(model(torch.randn(8, 16)).pow(2).mean()).backward()
         if step == 2:
-            _grad(_weight(model, 0))[0, 0] = float("inf")
+            grad_of(linear_weight(model, 0))[0, 0] = float("inf")
         scaler.step(opt)
         scaler.update()
     w.flush()
@@ -227,7 +215,7 @@ def test_watched_steps_read_no_tensor_value_on_the_training_thread(monkeypatch: 
         key, real_pre = next(iter(hooks.items()))
 
         def syncing_pre(*args: Any) -> None:
-            _weight(model, 0).sum().item()
+            linear_weight(model, 0).sum().item()
             real_pre(*args)
 
         hooks[key] = arm(syncing_pre)
