@@ -9,12 +9,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from support import wait_for
-from torch_helpers import grad_of, linear_weight
+from torch_helpers import RecordingAgent, grad_of, linear_weight
 
 import trainvigil
 from trainvigil import checkpoint, faults
@@ -22,33 +21,6 @@ from trainvigil.agents import faults as plans
 from trainvigil.agents._fault_hooks import GIL_THREADS
 from trainvigil.errors import CheckpointIntegrityError, ConfigError
 from trainvigil.torch import Watch, watch
-
-
-class RecordingAgent:
-    """A hand-written stand-in for the agent: keeps what watch() logs and the events faults send."""
-
-    rank = 0
-
-    def __init__(self) -> None:
-        self.logged: dict[int, dict[str, float]] = {}
-        self.events: list[tuple[str, int | None, dict[str, Any]]] = []
-        self.before_close: list[Callable[[], None]] = []
-
-    def log(self, step: int, /, **metrics: float) -> None:
-        self.logged.setdefault(step, {}).update(metrics)
-
-    def event(self, kind: str, /, step: int | None = None, **fields: Any) -> None:
-        self.events.append((kind, step, fields))
-
-    def publish(self, record: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        for hook in self.before_close:
-            hook()
-
-    def of(self, kind: str) -> list[tuple[int | None, dict[str, Any]]]:
-        return [(step, fields) for k, step, fields in self.events if k == kind]
 
 
 @pytest.fixture

@@ -10,27 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch_helpers import grad_of, linear_weight
+from torch_helpers import RecordingAgent, grad_of, linear_weight
 
 from trainvigil.schemas import CheckpointDigest
 from trainvigil.torch import watch
-
-
-class RecordingAgent:
-    """A hand-written stand-in for the agent: keeps what watch() logs and emits."""
-
-    rank = 0
-
-    def __init__(self) -> None:
-        self.logged: dict[int, dict[str, float]] = {}
-        self.emitted: list[Any] = []
-        self.before_close: list[Callable[[], None]] = []
-
-    def log(self, step: int, /, **metrics: float) -> None:
-        self.logged.setdefault(step, {}).update(metrics)
-
-    def publish(self, record: Any) -> None:
-        self.emitted.append(record)
 
 
 def _model() -> torch.nn.Sequential:
