@@ -87,6 +87,7 @@ class Agent:
         self._worker: Worker | None = None
         self._gil: GilSampler | None = None
         self._wake_at = -1  # log() wakes the worker when this many steps wait (then it packs them)
+        self._wake_every = min(opts.batch_size, WAKE_EVERY) - 1
         if not opts.enabled:
             return
         argv = [wire_text(arg, MAX_TEXT) for arg in sys.argv]  # a huge or undecodable argument never costs the start
@@ -99,9 +100,10 @@ class Agent:
             self._drops,
             lambda: self._last_step,
             train_thread=threading.get_ident(),  # the thread that calls init() runs the loop, as a rule
+            wake_on_log=self._wake_on_log,
         )
+        self._wake_at = self._wake_every
         self._worker.start()
-        self._wake_at = min(opts.batch_size, WAKE_EVERY) - 1
         if opts.gil:
             self._gil = GilSampler(opts.gil_interval, self._gil_period, name=opts.run_id).start()
 
@@ -178,6 +180,11 @@ class Agent:
         records.append(record)
         if len(records) == 1:  # the first since the worker last drained them: records go out at once
             self._wake()
+
+    def _wake_on_log(self, first: bool) -> None:
+        """The worker's say (its thread): ``log()`` wakes it at the first step (it sleeps through a quiet spell)
+        or once :data:`WAKE_EVERY` steps wait."""
+        self._wake_at = 0 if first else self._wake_every
 
     def _wake(self) -> None:
         if self._worker is not None:

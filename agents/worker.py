@@ -4,11 +4,15 @@ The training thread only appends to two deques. This thread waits for work on ev
 for ``flush_interval`` and heartbeats, a wake-up every :data:`WAKE_EVERY` steps logged or
 when records are queued, a ``flush()`` or ``close()``), never polling; on each it packs the
 buffered steps into the open batch, which is sealed into messages at ``batch_size`` rows or every
-``flush_interval``. It turns the buffers into messages with a
-:class:`~.batcher.Batcher` (pure), keeps them in an :class:`~.outbox.Outbox` (memory, then spill
-file) and publishes the outbox in order through a :class:`~.publisher.Publisher`, ``max_inflight``
-messages per round trip, dropping from it only what the broker acknowledged. A stalled round is
-retried under the one retry policy (:func:`trainvigil.schemas.settings.retrying`).
+``flush_interval``. After a flush interval without a step and with nothing left to seal, it drops
+the flush timer until ``log()`` wakes it at the next step (sealed at once: the loop is slow), so an
+idle or slow loop's agent wakes per heartbeat, not several times a second: each wake-up of an
+asyncio thread costs a Python-bound training thread on the same core more than its own run time.
+It turns the buffers into messages with a :class:`~.batcher.Batcher` (pure), keeps them in an
+:class:`~.outbox.Outbox` (memory, then spill file) and publishes the outbox in order through a
+:class:`~.publisher.Publisher`, ``max_inflight`` messages per round trip, dropping from it only what
+the broker acknowledged. A stalled round is retried under the one retry policy
+(:func:`trainvigil.schemas.settings.retrying`).
 
 The training thread feels this thread only through the GIL: work comes in slices (a chunk of
 entries, one message) and a :class:`~._pacing.Pacer` between slices gives the GIL back at least
@@ -87,10 +91,14 @@ class Worker:
         publisher: Publisher | None = None,
         *,
         train_thread: int | None = None,
+        wake_on_log: Callable[[bool], None] = lambda first: None,
     ) -> None:
         self.options = options
         self.source = source
         self._steps = steps
+        self._wake_on_log = wake_on_log
+        """Tells the training thread's ``log()`` to wake this thread at the first step it logs (``True``: this
+        thread sleeps until a heartbeat is due) or once :data:`WAKE_EVERY` steps wait (``False``)."""
         self._records = records
         self.drops = drops
         self._last_step = last_step
@@ -197,12 +205,17 @@ class Worker:
         opts = self.options
         next_flush = time.monotonic() + opts.flush_interval
         next_heartbeat = time.monotonic()
+        packed_at = float("-inf")  # when a pass last packed a step
+        quiet = False
         try:
             while not self._closing.is_set():
                 now = time.monotonic()
                 try:
                     flushes = [self._flushes.popleft() for _ in range(len(self._flushes))]
-                    await self._pack()
+                    if await self._pack():
+                        if quiet:  # the first step after a quiet spell: the loop is slow, it goes out at once
+                            next_flush = now
+                        packed_at = now
                     if flushes or now >= next_flush:
                         next_flush = now + opts.flush_interval
                         self._push(self._batcher.seal())
@@ -215,7 +228,11 @@ class Worker:
                     self._report_drops()
                 except Exception as exc:
                     self._failed("running the agent loop", exc, "worker_error", 1)
-                await self._until_woken(min(next_flush, next_heartbeat) - time.monotonic())
+                # No step for a whole flush interval and nothing left to seal: sleep until a heartbeat is due or
+                # the next step is logged, instead of waking every flush interval for nothing.
+                quiet = not self._batcher.open_rows and now - packed_at >= opts.flush_interval
+                wake_at = next_heartbeat if quiet else min(next_flush, next_heartbeat)
+                await self._until_woken(wake_at - time.monotonic(), quiet)
             try:
                 await self._collect()
                 self._push(self._batcher.records(deque([self._run_end()])))
@@ -232,12 +249,16 @@ class Worker:
             self._loop = None
             self._finish()
 
-    async def _until_woken(self, timeout: float) -> None:
-        """Block (GIL released) until :meth:`wake` or ``timeout`` seconds, unless work came meanwhile."""
+    async def _until_woken(self, timeout: float, quiet: bool = False) -> None:
+        """Block (GIL released) until :meth:`wake` or ``timeout`` seconds, unless work came meanwhile;
+        ``quiet``: woken by the first step logged, not only once :data:`WAKE_EVERY` wait."""
         assert self._wake_event is not None
         self._asleep = True  # set before looking: a wake() from now on is not lost
+        if quiet:
+            self._wake_on_log(True)  # before looking too: log() appends, then reads it
         try:
-            idle = len(self._steps) < min(WAKE_EVERY, self.options.batch_size) and not (
+            waiting = len(self._steps)
+            idle = (not waiting if quiet else waiting < min(WAKE_EVERY, self.options.batch_size)) and not (
                 self._records or self._flushes or self._closing.is_set()
             )
             if idle and timeout > 0:
@@ -245,6 +266,8 @@ class Worker:
                     await asyncio.wait_for(self._wake_event.wait(), timeout)
         finally:
             self._asleep = False
+            if quiet:
+                self._wake_on_log(False)
         self._wake_event.clear()
         self._pacer.rested()
 
@@ -322,12 +345,14 @@ class Worker:
 
     # ---- batching ------------------------------------------------------------------------
 
-    async def _pack(self) -> None:
-        """Move the buffered steps into the open batch, a chunk per slice of GIL."""
+    async def _pack(self) -> int:
+        """Move the buffered steps into the open batch, a chunk per slice of GIL; returns how many there were."""
+        waiting = len(self._steps)
         for msgs in self._batcher.pack(self._steps):
             self._push(msgs)
             self._pacer()
             await asyncio.sleep(0)  # let the publisher send what is ready meanwhile
+        return waiting
 
     async def _collect(self) -> None:
         """Everything buffered, onto the outbox."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import wait_for
 
 import trainvigil
 from trainvigil.agents import Agent
@@ -473,6 +475,26 @@ def test_ten_thousand_log_calls_never_block_without_a_broker(offline_agent: Agen
         offline_agent.log(step, loss=1.0 / (step + 1), lr=1e-3)
         longest = max(longest, clock() - t0)
     assert longest < 0.05, f"slowest log() took {longest * 1000:.1f} ms"
+
+
+def test_log_wakes_an_agent_thread_asleep_through_a_quiet_spell_at_any_moment_of_it(tmp_path: Path) -> None:
+    """Once no step came for a flush interval, the agent's thread sleeps until a heartbeat is due (an hour here)
+    and the next ``log()`` wakes it. Steps logged at every moment of that hand-over (as it falls asleep, asleep,
+    just after a flush) are each packed within the deadline, never left for the heartbeat."""
+    agent = trainvigil.init(
+        run_id="quiet", nats_url=_NO_BROKER, spill_dir=tmp_path / "spill", flush_interval=0.02, heartbeat_interval=3600
+    )
+    rng = random.Random(0)
+    asleep = 0
+    try:
+        for step in range(40):
+            time.sleep(rng.uniform(0.0, 0.05))  # the loop's pace, around the flush interval: part of the setup
+            asleep += agent._wake_at == 0  # the thread said: wake me at the next step
+            agent.log(step, loss=1.0)
+            wait_for(lambda: not agent._steps, 5, f"step {step} to be packed")
+    finally:
+        agent.close(timeout=0.1)
+    assert asleep >= 8, f"the thread slept through a quiet spell before only {asleep} of 40 steps"
 
 
 def test_close_without_a_broker_returns_false_within_deadline_and_counts_close_timeout(offline_agent: Agent) -> None:

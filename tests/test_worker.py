@@ -201,12 +201,21 @@ class Rig:
         self.records: deque[Record] = deque()
         self.drops = Drops()
         self.publisher = publisher
-        self.worker = Worker(opts, SOURCE, self.steps, self.records, self.drops, lambda: None, publisher)
+        self.armed = False
+        self.worker = Worker(
+            opts, SOURCE, self.steps, self.records, self.drops, lambda: None, publisher, wake_on_log=self._arm
+        )
         self.worker.start()
         wait_for(lambda: self.worker._loop is not None, 10, "the worker's loop")
 
+    def _arm(self, first: bool) -> None:
+        self.armed = first
+
     def log(self, first: int, n: int) -> None:
+        """As ``Agent.log`` does: append, and wake a worker sleeping through a quiet spell."""
         self.steps.extend(_entries(n, first))
+        if self.armed:
+            self.worker.wake()
 
     def published_steps(self) -> list[int]:
         return _steps_in([m for m in self.publisher.published if m.subject.endswith(".metrics")])
@@ -277,6 +286,48 @@ def test_the_worker_sleeps_until_woken_instead_of_polling(rig: Callable[..., Rig
     r.records.append(RunEvent(time=1.0, kind="e"))
     r.worker.wake()
     wait_for(lambda: any(m.subject.endswith(".run") for m in fake.published), 10, "the event to go out")
+
+
+def _passes(worker: Worker) -> list[float]:
+    """Counts the worker loop's passes from now on (each pass packs first): their times, appended as they come."""
+    passes: list[float] = []
+    pack = worker._pack
+
+    async def counted() -> int:
+        passes.append(time.monotonic())
+        return await pack()
+
+    worker._pack = counted  # type: ignore[method-assign]  # an instance attribute, looked up every pass
+    return passes
+
+
+def test_a_quiet_worker_sleeps_until_the_next_step_which_goes_out_at_once(rig: Callable[..., Rig]) -> None:
+    """No step for a whole flush interval and nothing left to seal: the worker stops waking every flush interval
+    (an idle or slow loop's agent wakes per heartbeat, not 4 times a second) until ``log()`` wakes it."""
+    fake = FakePublisher()
+    r = rig(fake, flush_interval=0.02)
+    r.log(0, 5)
+    wait_for(lambda: r.published_steps() == list(range(5)), 10, "the first steps")
+    wait_for(lambda: r.armed, 10, "the worker to sleep through the quiet spell")
+    passes = _passes(r.worker)
+    time.sleep(1.0)  # 50 flush intervals: nothing may happen meanwhile (the behaviour under test, not a wait)
+    assert passes == [] and r.armed, "no pass while quiet (the old loop made one per flush interval)"
+    r.log(5, 1)
+    wait_for(lambda: r.published_steps() == list(range(6)), 10, "the step after the quiet spell")
+    assert len(passes) <= 3, passes  # woken once, sealed on that pass; then one empty pass before sleeping again
+    wait_for(lambda: r.armed, 10, "the worker to sleep again")
+
+
+def test_a_steady_logger_still_gets_one_message_per_flush_interval_not_one_per_step(rig: Callable[..., Rig]) -> None:
+    """Steps every 5 ms with a 50 ms flush interval: never quiet, so steps are batched as before."""
+    fake = FakePublisher()
+    r = rig(fake, flush_interval=0.05)
+    for step in range(200):
+        r.log(step, 1)
+        time.sleep(0.005)  # the loop's pace, part of the setup
+    wait_for(lambda: r.published_steps() == list(range(200)), 10, "every step")
+    messages = [m for m in fake.published if m.subject.endswith(".metrics")]
+    assert len(messages) <= 60, f"{len(messages)} messages for 200 steps over >=1 s: batching is lost"
 
 
 # ---- Agent.flush against a real nats-server ----------------------------------------------------
