@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=0.3, help="seconds between an agent's start and its block")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--agent-cpu", type=int, help="each agent's thread on this CPU (default: its worker's)")
+    parser.add_argument("--save", type=Path, help="also write rank 0's block medians (seconds, by arm) here as JSON")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--features", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=128)
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             ray.shutdown()
         times = json.loads((tmp / "times.json").read_text())
+    if args.save is not None:
+        args.save.write_text(json.dumps(times))
     ratios = [w / wo for w, wo in zip(times["with"], times["without"], strict=True)]
     low, high = median_interval(ratios)
     where = "" if args.agent_cpu is None else f", agent threads on cpu {args.agent_cpu}"
