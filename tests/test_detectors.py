@@ -3,6 +3,7 @@ fires again once its cooldown has passed (pure: arrays in, anomalies out)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 from trainvigil.daemon import detectors
-from trainvigil.daemon.batch.decode import IngestBatch
-from trainvigil.daemon.batch.from_arrays import Metric, batch_of, chunks, step_columns_of
+from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
+from trainvigil.daemon.batch.from_arrays import Metric, batch_of, chunks, piece, step_columns_of
 from trainvigil.daemon.cli.replay import read_recording, replay_table
 from trainvigil.daemon.config import load
 from trainvigil.daemon.detectors._base import PAGE, WARN, Episodes, Finding
@@ -306,6 +307,50 @@ def test_straggler_silent_when_every_rank_slows_together() -> None:
         st, ckpt = step_times(30 + r, slow_from=3000)
         ranks[r], times[r] = {"step_time": st, "checkpoint": ckpt}, np.cumsum(st)
     assert run_detector("straggler", ranks, time=times) == []
+
+
+def _warm_up_run() -> dict[int, np.ndarray]:
+    """Two healthy ranks at ~32 ms a step (the canary's two_rank): both start with two 70 ms steps, and rank 1's
+    first 20 steps are 1.3x slower (it warmed up while its neighbours were importing)."""
+    ranks = {}
+    for r in range(2):
+        st = noisy(40 + r, n=300, sigma=0.03, level=0.032)
+        st[:2] = 0.07
+        if r == 1:
+            st[:20] *= 1.3
+        ranks[r] = st
+    return ranks
+
+
+def _straggler_fed(cuts: Mapping[int, list[int]]) -> list[Anomaly]:
+    """The warm-up run through ``straggler`` (2 s windows, as in the canary), each rank's steps cut into messages
+    at ``cuts`` (then every 8 steps), the messages of a round fetched together."""
+    (detector,) = [
+        d
+        for d in detectors.build(load(None, {"detectors.straggler.min_seconds": 2.0}, env={}).detectors)
+        if d.name == "straggler"
+    ]
+    pieces: dict[int, list[StepColumns]] = {}
+    for rank, st in _warm_up_run().items():
+        part = step_columns_of("run", rank, np.arange(len(st)), {"step_time": st}, np.cumsum(st))
+        first = cuts.get(rank, [])
+        bounds = [0, *first, *range((first[-1] if first else 0) + 8, len(st), 8), len(st)]
+        pieces[rank] = [piece(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+    out: list[Anomaly] = []
+    for k in range(max(len(p) for p in pieces.values())):
+        batch = batch_of(*[p[k] for p in pieces.values() if k < len(p)])
+        batch.now = max(float(part.times[-1]) for part in batch.steps)
+        out.extend(detector(batch))
+    return out
+
+
+def test_straggler_windows_do_not_depend_on_how_the_first_steps_were_cut_into_messages() -> None:
+    """The run's windows are sized from the first ``min_steps`` step times of a rank, not from its first message:
+    an agent that sends its first step or two alone (the slow ones of a warm-up) must not halve the windows, or
+    rank 1's slower warm-up fills two of them and is paged as a straggler (the canary's clean two_rank run)."""
+    assert _straggler_fed({}) == []
+    assert _straggler_fed({0: [2]}) == [], "rank 0's first message held only its two 70 ms steps"
+    assert _straggler_fed({0: [1], 1: [2]}) == []
 
 
 # ---- kl_explode -------------------------------------------------------------------------

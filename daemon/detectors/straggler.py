@@ -2,7 +2,11 @@
 
 A window spans at least ``min_steps`` steps and ``min_seconds`` seconds (20 and 10 s by default,
 as ``slowdown``'s; sized once per run from its typical step time, so a rank 1.55x slower walks a
-window in 15.5 s: on the real-run corpus it is paged 20 s after it slowed). Steps are cut into
+window in 15.5 s: on the real-run corpus it is paged 18 s after it slowed). The typical step time is
+the median of the first ``min_steps`` values of the first rank to log that many, whatever messages
+they came in: sized from the first message alone, a run whose agent sent its first step or two by
+themselves (the slow first steps of a warm-up) got windows of half the length, and warm-up noise
+between ranks then filled two of them. Steps are cut into
 aligned half-window buckets, and each
 rank's window is its last two buckets, judged as each bucket completes (windows slide by
 half a window, as in ``slowdown``). Each rank's median ``step_time`` over its window
@@ -40,10 +44,13 @@ class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
 
 
 class _Run:
-    __slots__ = ("bucket", "last_full", "medians", "partial", "previous", "watermark", "world")
+    __slots__ = ("bucket", "early", "last_full", "medians", "partial", "previous", "watermark", "world")
 
     def __init__(self) -> None:
         self.bucket = 0
+        """Steps per half window; 0 until sized."""
+        self.early: dict[int, list[Values]] = {}
+        """rank → its values while the run is not sized yet, in order."""
         self.world = 1
         self.watermark: dict[int, int] = {}
         self.partial: dict[int, tuple[int, np.ndarray]] = {}
@@ -87,19 +94,34 @@ class Straggler:
             if not len(v):
                 continue
             run.watermark[rank] = int(v.step[-1])
-            if not run.bucket:
-                run.bucket = self._bucket_size(v)
-            self._collect(run, rank, v)
+            if run.bucket:
+                self._collect(run, rank, v)
+            elif not self._sized(run, rank, v):
+                continue
             touched.add(run_id)
         out: list[Anomaly] = []
         for run_id in touched:
             out.extend(self._judge(run_id, self._runs[run_id], batch))
         return out
 
-    def _bucket_size(self, v: Values) -> int:
-        typical = float(np.median(v.value[np.isfinite(v.value)])) if len(v) else 0.0
-        per_time = math.ceil(self.settings.min_seconds / typical) if typical > 0 else 0
-        return max(1, max(self.settings.min_steps, per_time) // 2)
+    def _sized(self, run: _Run, rank: int, v: Values) -> bool:
+        """Hold ``v`` back until ``rank`` has ``min_steps`` usable values; then size the run's buckets from their
+        median and collect what every rank held back. Whether the run is sized now."""
+        ok = np.isfinite(v.value) & (v.value > 0)
+        parts = run.early.setdefault(rank, [])
+        if ok.any():
+            parts.append(Values(v.step[ok], v.value[ok], v.time[ok]))
+        held = np.concatenate([part.value for part in parts]) if parts else v.value[ok]
+        need = max(1, self.settings.min_steps)
+        if len(held) < need:
+            return False  # at most min_steps - 1 values held per rank
+        typical = float(np.median(held[:need]))
+        run.bucket = max(1, max(self.settings.min_steps, math.ceil(self.settings.min_seconds / typical)) // 2)
+        early, run.early = run.early, {}
+        for held_rank, held_back in early.items():
+            for part in held_back:
+                self._collect(run, held_rank, part)
+        return True
 
     def _collect(self, run: _Run, rank: int, v: Values) -> None:
         """Add a rank's values; every bucket the rank has moved past gets its median."""
