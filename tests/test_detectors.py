@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trainvigil.daemon import detectors
-from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
+from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.batch.from_arrays import Metric, batch_of, chunks, piece, step_columns_of
 from trainvigil.daemon.cli.replay import read_recording, replay_table
 from trainvigil.daemon.config import load
@@ -37,16 +37,18 @@ def run_detector(
     chunk: int = 256,
     settings: Mapping[str, object] | None = None,
     extra: Callable[[int, IngestBatch], None] | None = None,
+    first: Mapping[int, list[int]] | None = None,
 ) -> list[Anomaly]:
-    """Feed every rank's trace through the detector ``name`` the way live ingest would."""
+    """Feed every rank's trace through the detector ``name`` the way live ingest would: in messages of ``chunk``
+    steps, but for a rank's first messages, which end at its ``first`` steps (a message cut short)."""
     overrides = {f"detectors.{name}.{k}": v for k, v in (settings or {}).items()}
     (detector,) = [d for d in detectors.build(load(None, overrides, env={}).detectors) if d.name == name]
-    parts = {
-        rank: chunks(
-            step_columns_of("run", rank, np.arange(len(next(iter(m.values())))), m, (time or {}).get(rank)), chunk
-        )
-        for rank, m in ranks.items()
-    }
+    parts = {}
+    for rank, m in ranks.items():
+        part = step_columns_of("run", rank, np.arange(len(next(iter(m.values())))), m, (time or {}).get(rank))
+        ends = (first or {}).get(rank, [])
+        head = [piece(part, lo, hi) for lo, hi in itertools.pairwise([0, *ends])]
+        parts[rank] = head + chunks(piece(part, ends[-1] if ends else 0, len(part)), chunk)
     out: list[Anomaly] = []
     for k in range(max(len(p) for p in parts.values())):
         batch = batch_of(*[p[k] for p in parts.values() if k < len(p)])
@@ -322,26 +324,13 @@ def _warm_up_run() -> dict[int, np.ndarray]:
     return ranks
 
 
-def _straggler_fed(cuts: Mapping[int, list[int]]) -> list[Anomaly]:
-    """The warm-up run through ``straggler`` (2 s windows, as in the canary), each rank's steps cut into messages
-    at ``cuts`` (then every 8 steps), the messages of a round fetched together."""
-    (detector,) = [
-        d
-        for d in detectors.build(load(None, {"detectors.straggler.min_seconds": 2.0}, env={}).detectors)
-        if d.name == "straggler"
-    ]
-    pieces: dict[int, list[StepColumns]] = {}
-    for rank, st in _warm_up_run().items():
-        part = step_columns_of("run", rank, np.arange(len(st)), {"step_time": st}, np.cumsum(st))
-        first = cuts.get(rank, [])
-        bounds = [0, *first, *range((first[-1] if first else 0) + 8, len(st), 8), len(st)]
-        pieces[rank] = [piece(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
-    out: list[Anomaly] = []
-    for k in range(max(len(p) for p in pieces.values())):
-        batch = batch_of(*[p[k] for p in pieces.values() if k < len(p)])
-        batch.now = max(float(part.times[-1]) for part in batch.steps)
-        out.extend(detector(batch))
-    return out
+def _straggler_fed(first: Mapping[int, list[int]]) -> list[Anomaly]:
+    """The warm-up run through ``straggler`` (2 s windows, as in the canary) in messages of 8 steps, but for each
+    rank's first messages, which end at its ``first`` steps."""
+    ranks = _warm_up_run()
+    metrics = {r: {"step_time": st} for r, st in ranks.items()}
+    time = {r: np.cumsum(st) for r, st in ranks.items()}
+    return run_detector("straggler", metrics, time=time, chunk=8, settings={"min_seconds": 2.0}, first=first)
 
 
 def test_straggler_windows_do_not_depend_on_how_the_first_steps_were_cut_into_messages() -> None:

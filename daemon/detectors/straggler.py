@@ -111,11 +111,10 @@ class Straggler:
         parts = run.early.setdefault(rank, [])
         if ok.any():
             parts.append(Values(v.step[ok], v.value[ok], v.time[ok]))
-        held = np.concatenate([part.value for part in parts]) if parts else v.value[ok]
         need = max(1, self.settings.min_steps)
-        if len(held) < need:
+        if sum(map(len, parts)) < need:
             return False  # at most min_steps - 1 values held per rank
-        typical = float(np.median(held[:need]))
+        typical = float(np.median(np.concatenate([part.value for part in parts])[:need]))
         run.bucket = max(1, max(self.settings.min_steps, math.ceil(self.settings.min_seconds / typical)) // 2)
         early, run.early = run.early, {}
         for held_rank, held_back in early.items():
