@@ -5,7 +5,7 @@ for ``flush_interval`` and heartbeats, a wake-up every :data:`WAKE_EVERY` steps 
 when records are queued, a ``flush()`` or ``close()``), never polling; on each it packs the
 buffered steps into the open batch, which is sealed into messages at ``batch_size`` rows or every
 ``flush_interval``. After a flush interval without a step and with nothing left to seal, it drops
-the flush timer until ``log()`` wakes it at the next step (sealed at once: the loop is slow), so an
+the flush timer until ``log()`` wakes it at the next step (sealed a flush interval later), so an
 idle or slow loop's agent wakes per heartbeat, not several times a second: each wake-up of an
 asyncio thread costs a Python-bound training thread on the same core more than its own run time.
 It turns the buffers into messages with a :class:`~.batcher.Batcher` (pure), keeps them in an
@@ -213,8 +213,8 @@ class Worker:
                 try:
                     flushes = [self._flushes.popleft() for _ in range(len(self._flushes))]
                     if await self._pack():
-                        if quiet:  # the first step after a quiet spell: the loop is slow, it goes out at once
-                            next_flush = now
+                        if quiet:  # the first step after a quiet spell: sealed a flush interval from now, as any
+                            next_flush = now + opts.flush_interval  # step (this pass stays short: it only packs)
                         packed_at = now
                     if flushes or now >= next_flush:
                         next_flush = now + opts.flush_interval

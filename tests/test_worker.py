@@ -301,7 +301,7 @@ def _passes(worker: Worker) -> list[float]:
     return passes
 
 
-def test_a_quiet_worker_sleeps_until_the_next_step_which_goes_out_at_once(rig: Callable[..., Rig]) -> None:
+def test_a_quiet_worker_sleeps_until_the_next_step_wakes_it(rig: Callable[..., Rig]) -> None:
     """No step for a whole flush interval and nothing left to seal: the worker stops waking every flush interval
     (an idle or slow loop's agent wakes per heartbeat, not 4 times a second) until ``log()`` wakes it."""
     fake = FakePublisher()
@@ -314,7 +314,7 @@ def test_a_quiet_worker_sleeps_until_the_next_step_which_goes_out_at_once(rig: C
     assert passes == [] and r.armed, "no pass while quiet (the old loop made one per flush interval)"
     r.log(5, 1)
     wait_for(lambda: r.published_steps() == list(range(6)), 10, "the step after the quiet spell")
-    assert len(passes) <= 3, passes  # woken once, sealed on that pass; then one empty pass before sleeping again
+    assert len(passes) <= 3, passes  # woken (packs), sealed a flush interval later, one empty pass, asleep again
     wait_for(lambda: r.armed, 10, "the worker to sleep again")
 
 
