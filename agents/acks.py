@@ -7,6 +7,10 @@ a token of a fresh NUID and random bytes (a syscall), and each ack decoded from 
 then a dataclass by reflection. Here a counter names the reply, the publish round bounds what is in
 flight, and the ack is decoded with msgspec into the three fields that matter; one wildcard
 subscription collects them (nats-py renews it after a reconnect).
+
+A round's acks can also be left unread for a while (:meth:`AckInbox.hold`): the agent's thread, which
+sleeps until its next flush anyway, then wakes once per flush instead of once more for the acks; each
+wake-up takes the GIL from the training thread, which costs that thread more than the wake-up's own work.
 """
 
 from __future__ import annotations
@@ -72,13 +76,42 @@ class AckInbox:
         """Reply token -> the ack's future and the subject published to."""
         self._count = 0
         self._sub: Subscription | None = None
+        self._held: asyncio.ReadTransport | None = None
+        self._release: asyncio.TimerHandle | None = None
 
     async def open(self) -> AckInbox:
         self._sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
         return self
 
+    def hold(self, until: float) -> None:
+        """Leave what the broker sends unread until :meth:`release`, or ``until`` (the loop's clock) at the latest.
+
+        It waits in the socket meanwhile; nothing is lost, and nothing sent is delayed. (Under TLS, asyncio
+        still reads the socket and only holds the plain text back; over a websocket nothing is held.)
+        """
+        # nats-py's TCP transport (plain or TLS) keeps asyncio's stream writer, whose transport pauses the reader.
+        writer = getattr(getattr(self._nc, "_transport", None), "_io_writer", None)
+        transport = getattr(writer, "transport", None)
+        if self._held is not None or not isinstance(transport, asyncio.ReadTransport):
+            return
+        if not transport.is_reading():  # paused by asyncio's own flow control: not ours to resume
+            return
+        transport.pause_reading()
+        self._held = transport
+        self._release = asyncio.get_running_loop().call_at(until, self.release)
+
+    def release(self) -> None:
+        """Read what the broker sent again (at once if it was held); a no-op otherwise."""
+        held, self._held = self._held, None
+        if self._release is not None:
+            self._release.cancel()
+            self._release = None
+        if held is not None:
+            held.resume_reading()  # a closed connection's transport ignores it
+
     async def close(self) -> None:
         """Unsubscribe, and cancel the acks still awaited."""
+        self.release()
         for future, _ in list(self._pending.values()):
             future.cancel()
         if self._sub is not None:

@@ -58,6 +58,15 @@ class Publisher(Protocol):
         """Deliver the sealed spill file at ``path`` if it is meant for broker ``only_for`` (see :mod:`.push`)."""
         ...
 
+    def hold_replies(self, until: float) -> None:
+        """Leave the broker's replies (the acks of a round under way) unread until :meth:`read_replies`, or
+        ``until`` (the loop's clock) at the latest; see :meth:`.acks.AckInbox.hold`."""
+        ...
+
+    def read_replies(self) -> None:
+        """Read the broker's replies again; a no-op unless they were held."""
+        ...
+
 
 class NatsPublisher:
     """JetStream through nats-py; nats-py reconnects a lost connection, the retry policy covers the first."""
@@ -158,6 +167,14 @@ class NatsPublisher:
         return await upload(
             self._inbox, path, max_inflight=opts.max_inflight, ack_timeout=opts.ack_timeout, only_for=only_for
         )
+
+    def hold_replies(self, until: float) -> None:
+        if self._inbox is not None:
+            self._inbox.hold(until)
+
+    def read_replies(self) -> None:
+        if self._inbox is not None:
+            self._inbox.release()
 
     def _first_failure(self, exc: BaseException) -> None:
         """Say once, at the first failed connect, that data is kept and where."""

@@ -125,17 +125,20 @@ class JetStream(Protocol):
 async def publish_round(
     js: JetStream, msgs: Sequence[OutMsg], timeout: float, pace: Callable[[], None] = lambda: None
 ) -> tuple[int, BaseException | None]:
-    """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``, calling ``pace()`` after each
+    """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``, calling ``pace()`` between two
     (the agent's worker gives the GIL back there), and wait up to ``timeout`` seconds for their acks.
+    Not after the last: the wait for the acks gives the GIL back anyway, and a pause just before it
+    would cost a second hand-over of the GIL (the training thread's, then the worker's 5 ms wait).
 
     Returns how many from the front were acknowledged, and the first error (``None`` if all were).
     """
     futures: list[asyncio.Future[Any]] = []
     error: BaseException | None = None
     try:
-        for m in msgs:
+        for i, m in enumerate(msgs):
+            if i:
+                pace()
             futures.append(await js.publish_async(m.subject, m.payload, headers={"Nats-Msg-Id": m.msg_id}))
-            pace()
     except asyncio.CancelledError:
         for future in futures:
             future.cancel()

@@ -12,7 +12,9 @@ It turns the buffers into messages with a :class:`~.batcher.Batcher` (pure), kee
 :class:`~.outbox.Outbox` (memory, then spill file) and publishes the outbox in order through a
 :class:`~.publisher.Publisher`, ``max_inflight`` messages per round trip, dropping from it only what
 the broker acknowledged. A stalled round is retried under the one retry policy
-(:func:`trainvigil.schemas.settings.retrying`).
+(:func:`trainvigil.schemas.settings.retrying`). A round sent while this thread sleeps until its next
+flush leaves its acks unread in the socket until that wake (:meth:`.acks.AckInbox.hold`): the thread
+then wakes once per flush, not a second time for the acks a fraction of a millisecond after it sent.
 
 The training thread feels this thread only through the GIL: work comes in slices (a chunk of
 entries, one message) and a :class:`~._pacing.Pacer` between slices gives the GIL back at least
@@ -127,6 +129,9 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_event: asyncio.Event | None = None
         self._asleep = False
+        self._wake_due = 0.0
+        """While this thread sleeps until its next flush: when it wakes (``time.monotonic()``); else 0."""
+        self._serving = 0  # flush() calls waiting for acks (each counted from the pass that took it to its end)
         self._progress = asyncio.Event()
         self.delivered_events = 0
         self._reported_drops = 0
@@ -221,6 +226,7 @@ class Worker:
                         self._push(self._batcher.seal())
                     self._push(self._batcher.records(self._records))
                     for request in flushes:
+                        self._serving += 1  # from now, not from the task's start: no round holds its acks meanwhile
                         tasks.append(asyncio.create_task(self._serve_flush(request, self._pushed)))
                     if now >= next_heartbeat:
                         next_heartbeat = now + opts.heartbeat_interval
@@ -231,8 +237,7 @@ class Worker:
                 # No step for a whole flush interval and nothing left to seal: sleep until a heartbeat is due or
                 # the next step is logged, instead of waking every flush interval for nothing.
                 quiet = not self._batcher.open_rows and now - packed_at >= opts.flush_interval
-                wake_at = next_heartbeat if quiet else min(next_flush, next_heartbeat)
-                await self._until_woken(wake_at - time.monotonic(), quiet)
+                await self._until_woken(next_heartbeat if quiet else min(next_flush, next_heartbeat), quiet)
             try:
                 await self._collect()
                 self._push(self._batcher.records(deque([self._run_end()])))
@@ -249,10 +254,12 @@ class Worker:
             self._loop = None
             self._finish()
 
-    async def _until_woken(self, timeout: float, quiet: bool = False) -> None:
-        """Block (GIL released) until :meth:`wake` or ``timeout`` seconds, unless work came meanwhile;
-        ``quiet``: woken by the first step logged, not only once :data:`WAKE_EVERY` wait."""
+    async def _until_woken(self, wake_at: float, quiet: bool = False) -> None:
+        """Block (GIL released) until :meth:`wake` or ``wake_at`` (``time.monotonic()``), unless work came
+        meanwhile; ``quiet``: woken by the first step logged, not only once :data:`WAKE_EVERY` wait.
+        The broker's replies held meanwhile (:meth:`_may_hold_replies`) are read once it wakes."""
         assert self._wake_event is not None
+        timeout = wake_at - time.monotonic()
         self._asleep = True  # set before looking: a wake() from now on is not lost
         if quiet:
             self._wake_on_log(True)  # before looking too: log() appends, then reads it
@@ -262,10 +269,13 @@ class Worker:
                 self._records or self._flushes or self._closing.is_set()
             )
             if idle and timeout > 0:
+                self._wake_due = 0.0 if quiet else wake_at
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake_event.wait(), timeout)
         finally:
             self._asleep = False
+            self._wake_due = 0.0
+            self._publisher.read_replies()
             if quiet:
                 self._wake_on_log(False)
         self._wake_event.clear()
@@ -388,6 +398,7 @@ class Worker:
         except Exception as exc:
             self._failed("flushing", exc)
         finally:
+            self._serving -= 1
             request.ok = request.ok and not self.drops.total()
             request.done.set()
 
@@ -422,6 +433,8 @@ class Worker:
         except SpillError as exc:
             self._failed("reading the spill file back", exc, "spill_error", exc.events)
             return
+        if self._may_hold_replies(len(msgs)):
+            self._publisher.hold_replies(self._wake_due + self.options.flush_interval)
         acked, error = await self._publisher.publish(msgs, self.options.ack_timeout)
         if isinstance(error, asyncio.CancelledError) and self._closing.is_set():
             raise error
@@ -434,6 +447,20 @@ class Worker:
             self._last_error = repr(error)
         if acked < len(msgs):
             raise StalledError(f"{acked} of {len(msgs)} messages acknowledged: {error!r}")
+
+    def _may_hold_replies(self, sending: int) -> bool:
+        """Whether a round's acks may wait unread until this thread's next flush, which then reads them, instead of
+        waking it once more: the round takes the whole outbox, the thread sleeps until its flush timer, and nothing
+        waits on the acks meanwhile (no ``flush()``, ``close()`` or leftover upload). The hold ends a flush interval
+        after that wake at the latest, well inside the round's ``ack_timeout``."""
+        opts = self.options
+        left = self._wake_due - time.monotonic()
+        return (
+            sending == len(self._outbox)
+            and not (self._serving or self._flushes or self._pickup_pending or self._closing.is_set())
+            and left > 0
+            and left + opts.flush_interval < opts.ack_timeout / 2
+        )
 
     async def _pickup(self) -> None:
         """Once connected, deliver the sealed files earlier runs left in the spill directory for this broker.

@@ -19,6 +19,7 @@ from support import NatsServer, wait_for
 import trainvigil
 from trainvigil.agents._drops import Drops
 from trainvigil.agents._pacing import Pacer
+from trainvigil.agents.acks import AckInbox
 from trainvigil.agents.batcher import CHUNK, MAX_PAYLOAD, Batcher
 from trainvigil.agents.columnar import Entry
 from trainvigil.agents.options import AgentOptions
@@ -155,6 +156,8 @@ class FakePublisher:
         self.ack_limit = ack_limit
         self.published: list[OutMsg] = []
         self.rounds = 0
+        self.holds: list[tuple[float, float]] = []  # (when, until) of each hold_replies()
+        self.reads = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: Callable[[], None] = lambda: None
 
@@ -190,6 +193,12 @@ class FakePublisher:
 
     async def deliver_file(self, path: Path, only_for: str) -> FileResult:
         return FileResult(path, skipped=True)
+
+    def hold_replies(self, until: float) -> None:
+        self.holds.append((time.monotonic(), until))
+
+    def read_replies(self) -> None:
+        self.reads += 1
 
 
 class Rig:
@@ -330,6 +339,36 @@ def test_a_steady_logger_still_gets_one_message_per_flush_interval_not_one_per_s
     assert len(messages) <= 60, f"{len(messages)} messages for 200 steps over >=1 s: batching is lost"
 
 
+def test_a_steady_round_leaves_its_acks_unread_until_the_workers_next_flush(rig: Callable[..., Rig]) -> None:
+    """The thread sleeps until its next flush anyway: the acks wait for it there, instead of waking it once more."""
+    fake = FakePublisher()
+    r = rig(fake, flush_interval=0.05)
+    for step in range(100):
+        r.log(step, 1)
+        time.sleep(0.005)  # the loop's pace, part of the setup
+    wait_for(lambda: r.published_steps() == list(range(100)), 10, "every step")
+    assert len(fake.holds) >= 5, f"{len(fake.holds)} rounds of ~{fake.rounds} held their acks"
+    for when, until in fake.holds:
+        assert when < until <= when + 2 * 0.05 + 0.01, "held past the next flush and one flush interval more"
+    assert fake.reads >= len(fake.holds), "each wake reads what was held"
+
+
+@pytest.mark.parametrize("why", ["flush", "short ack timeout"])
+def test_acks_are_not_held_while_a_flush_waits_or_when_the_hold_could_outlast_the_ack_timeout(
+    rig: Callable[..., Rig], why: str
+) -> None:
+    fake = FakePublisher()
+    r = rig(fake, flush_interval=0.05, ack_timeout=0.1 if why == "short ack timeout" else 5.0)
+    for step in range(20):
+        r.log(step, 1)
+        if why == "flush":
+            assert r.worker.flush(10)
+        else:
+            time.sleep(0.02)
+    wait_for(lambda: r.published_steps() == list(range(20)), 10, "every step")
+    assert fake.holds == [], why
+
+
 # ---- Agent.flush against a real nats-server ----------------------------------------------------
 
 
@@ -350,6 +389,31 @@ def test_agent_flush_against_a_real_broker_and_after_close(nats_server: NatsServ
     assert agent.stats()["delivered_events"] >= 5000 and agent.stats()["pending_events"] == 0
     assert agent.close(timeout=10)
     assert agent.flush(1), "after close: what close() returned"
+
+
+def test_a_real_agents_rounds_hold_their_acks_on_the_connection_and_lose_nothing(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py's socket is really held between flushes (its transport is reached through nats-py's internals:
+    an upgrade that moves them fails here), and every step is still acknowledged."""
+    asyncio.run(_create_stream(nats_server.url))
+    held: list[bool] = []
+    hold = AckInbox.hold
+
+    def spied(inbox: AckInbox, until: float) -> None:
+        hold(inbox, until)
+        held.append(inbox._held is not None)
+
+    monkeypatch.setattr(AckInbox, "hold", spied)
+    agent = trainvigil.init(run_id="held", nats_url=nats_server.url, spill_dir=tmp_path, flush_interval=0.05)
+    for step in range(200):
+        agent.log(step, loss=1.0)
+        time.sleep(0.005)  # the loop's pace, part of the setup
+    assert agent.flush(30)
+    stats = agent.stats()
+    assert agent.close(timeout=10)
+    assert sum(held) >= 3, f"{sum(held)} of {len(held)} holds took hold of the socket"
+    assert stats["delivered_events"] >= 200 and stats["pending_events"] == 0 and not stats["dropped"], stats
 
 
 def test_flush_never_raises_from_any_thread(tmp_path: Path) -> None:
