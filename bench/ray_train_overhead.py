@@ -16,6 +16,12 @@ core; start this under ``taskset`` to keep Ray and its workers off that core.
     taskset -c 0 python bench/ray_train_overhead.py             # 2 workers on one core, services on the other
     taskset -c 0 python bench/ray_train_overhead.py --workers 1
     taskset -c 0 python bench/ray_train_overhead.py --agent-cpu 1   # the agents' threads beside the services
+    taskset -c 0 python bench/ray_train_overhead.py --runs 6        # six runs, and the interval over runs
+
+Two runs of the same code can differ by more than one run's interval is wide (that interval covers its
+rounds, not what differs between runs: the workers' placement, the processes' memory layout). With
+``--runs N`` each run gets fresh workers (and its own block order), and the mean of the runs' ratios gets
+a Student's t interval over the runs.
 
 ``--agent-cpu N`` moves each agent's thread onto CPU ``N``: what the workers pay when the agents'
 threads do not share their core, as on a machine with a core to spare.
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from _procs import start_services
-from _stats import median_interval
+from _stats import mean_interval, median_interval
 from tables import table
 
 
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=0.3, help="seconds between an agent's start and its block")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--agent-cpu", type=int, help="each agent's thread on this CPU (default: its worker's)")
+    parser.add_argument("--runs", type=int, default=1, help="TorchTrainer runs, each with fresh workers")
     parser.add_argument("--save", type=Path, help="also write rank 0's block medians (seconds, by arm) here as JSON")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--features", type=int, default=32)
@@ -121,27 +128,42 @@ def main(argv: list[str] | None = None) -> int:
         svc.pin(last)
         os.environ.update(VIGIL_NATS_URL=svc.url, VIGIL_LOG_LEVEL="warning")  # the workers inherit them
         print(f"  nats-server and the daemon on cpu {last}; Ray on cpus {sorted(os.sched_getaffinity(0))}")
-        config = {**vars(args), "seed": 0, "out": str(tmp / "times.json")}
         ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+        runs: list[dict[str, list[float]]] = []
         try:
-            run = RunConfig(name=f"ray-overhead-{os.getpid()}", storage_path=str(tmp))
-            scaling = ScalingConfig(num_workers=args.workers)
-            TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling, run_config=run).fit()
+            for k in range(args.runs):
+                config = {**vars(args), "seed": k, "out": str(tmp / f"times{k}.json")}
+                run = RunConfig(name=f"ray-overhead-{os.getpid()}-{k}", storage_path=str(tmp))
+                scaling = ScalingConfig(num_workers=args.workers)
+                TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling, run_config=run).fit()
+                runs.append(json.loads((tmp / f"times{k}.json").read_text()))
+                if args.runs > 1:
+                    print(f"  run {k + 1} of {args.runs} done", flush=True)
         finally:
             ray.shutdown()
-        times = json.loads((tmp / "times.json").read_text())
     if args.save is not None:
-        args.save.write_text(json.dumps(times))
-    ratios = [w / wo for w, wo in zip(times["with"], times["without"], strict=True)]
-    low, high = median_interval(ratios)
+        args.save.write_text(json.dumps(runs[0] if args.runs == 1 else runs))
     where = "" if args.agent_cpu is None else f", agent threads on cpu {args.agent_cpu}"
     model = f"DDP MLP {args.features}-{args.hidden}-1, batch {args.batch}, {args.workers} workers{where}"
-    rows = [(model, "without trainvigil", f"{1e3 * statistics.median(times['without']):.3f}", "1.000x", ""),
-            (model, "trainvigil.init() in each worker, every step logged",
-             f"{1e3 * statistics.median(times['with']):.3f}", f"{statistics.median(ratios):.3f}x",
-             f"{low:.3f}-{high:.3f}")]  # fmt: skip
+    rows = []
+    per_run: list[float] = []  # each run's ratio
+    for k, times in enumerate(runs, 1):
+        ratios = [w / wo for w, wo in zip(times["with"], times["without"], strict=True)]
+        per_run.append(statistics.median(ratios))
+        low, high = median_interval(ratios)
+        name = model if args.runs == 1 else f"{model}, run {k}"
+        with_ms, without_ms = (f"{1e3 * statistics.median(times[arm]):.3f}" for arm in ("with", "without"))
+        rows += [(name, "without trainvigil", without_ms, "1.000x", ""),
+                 (name, "trainvigil.init() in each worker, every step logged", with_ms, f"{per_run[-1]:.3f}x",
+                  f"{low:.3f}-{high:.3f}")]  # fmt: skip
     print()
     print(table(("model", "arm", "rank 0's median step ms", "ratio", "95 % interval"), rows))
+    if args.runs > 1:
+        # Each run's interval covers its rounds, not what differs between runs (the workers' placement,
+        # memory layout): the runs' ratios, as independent samples, give the mean's interval.
+        low, high = mean_interval(per_run)
+        mean = statistics.fmean(per_run)
+        print(f"\nover {args.runs} runs: mean ratio {mean:.4f}x, 95 % interval {low:.4f}-{high:.4f} (Student's t)")
     return 0
 
 
