@@ -226,6 +226,13 @@ class Rig:
         if self.armed:
             self.worker.wake()
 
+    def log_steadily(self, n: int) -> None:
+        """A step every 5 ms (the loop's pace, part of the setup), then wait until all ``n`` are published."""
+        for step in range(n):
+            self.log(step, 1)
+            time.sleep(0.005)
+        wait_for(lambda: self.published_steps() == list(range(n)), 10, "every step")
+
     def published_steps(self) -> list[int]:
         return _steps_in([m for m in self.publisher.published if m.subject.endswith(".metrics")])
 
@@ -331,10 +338,7 @@ def test_a_steady_logger_still_gets_one_message_per_flush_interval_not_one_per_s
     """Steps every 5 ms with a 50 ms flush interval: never quiet, so steps are batched as before."""
     fake = FakePublisher()
     r = rig(fake, flush_interval=0.05)
-    for step in range(200):
-        r.log(step, 1)
-        time.sleep(0.005)  # the loop's pace, part of the setup
-    wait_for(lambda: r.published_steps() == list(range(200)), 10, "every step")
+    r.log_steadily(200)
     messages = [m for m in fake.published if m.subject.endswith(".metrics")]
     assert len(messages) <= 60, f"{len(messages)} messages for 200 steps over >=1 s: batching is lost"
 
@@ -343,10 +347,7 @@ def test_a_steady_round_leaves_its_acks_unread_until_the_workers_next_flush(rig:
     """The thread sleeps until its next flush anyway: the acks wait for it there, instead of waking it once more."""
     fake = FakePublisher()
     r = rig(fake, flush_interval=0.05)
-    for step in range(100):
-        r.log(step, 1)
-        time.sleep(0.005)  # the loop's pace, part of the setup
-    wait_for(lambda: r.published_steps() == list(range(100)), 10, "every step")
+    r.log_steadily(100)
     assert len(fake.holds) >= 5, f"{len(fake.holds)} rounds of ~{fake.rounds} held their acks"
     for when, until in fake.holds:
         assert when < until <= when + 2 * 0.05 + 0.01, "held past the next flush and one flush interval more"
