@@ -12,9 +12,10 @@ It turns the buffers into messages with a :class:`~.batcher.Batcher` (pure), kee
 :class:`~.outbox.Outbox` (memory, then spill file) and publishes the outbox in order through a
 :class:`~.publisher.Publisher`, ``max_inflight`` messages per round trip, dropping from it only what
 the broker acknowledged. A stalled round is retried under the one retry policy
-(:func:`trainvigil.schemas.settings.retrying`). A round sent while this thread sleeps until its next
-flush leaves its acks unread in the socket until that wake (:meth:`.acks.AckInbox.hold`): the thread
-then wakes once per flush, not a second time for the acks a fraction of a millisecond after it sent.
+(:func:`trainvigil.schemas.settings.retrying`). A round sent while this thread sleeps leaves its acks
+unread in the socket until it wakes (:meth:`.acks.AckInbox.hold`): at its next flush, or in a quiet
+spell at the next step, half the ack timeout at most. So it wakes once per flush (a slow loop's: twice
+per step), not once more for the acks a fraction of a millisecond after it sent.
 
 The training thread feels this thread only through the GIL: work comes in slices (a chunk of
 entries, one message) and a :class:`~._pacing.Pacer` between slices gives the GIL back at least
@@ -130,7 +131,7 @@ class Worker:
         self._wake_event: asyncio.Event | None = None
         self._asleep = False
         self._wake_due = 0.0
-        """While this thread sleeps until its next flush: when it wakes (``time.monotonic()``); else 0."""
+        """While this thread sleeps: when it wakes at the latest (``time.monotonic()``); else 0."""
         self._serving = 0  # flush() calls waiting for acks (each counted from the pass that took it to its end)
         self._progress = asyncio.Event()
         self.delivered_events = 0
@@ -257,7 +258,7 @@ class Worker:
     async def _until_woken(self, wake_at: float, quiet: bool = False) -> None:
         """Block (GIL released) until :meth:`wake` or ``wake_at`` (``time.monotonic()``), unless work came
         meanwhile; ``quiet``: woken by the first step logged, not only once :data:`WAKE_EVERY` wait.
-        The broker's replies held meanwhile (:meth:`_may_hold_replies`) are read once it wakes."""
+        The broker's replies held meanwhile (:meth:`_hold_until`) are read once it wakes."""
         assert self._wake_event is not None
         timeout = wake_at - time.monotonic()
         self._asleep = True  # set before looking: a wake() from now on is not lost
@@ -269,7 +270,7 @@ class Worker:
                 self._records or self._flushes or self._closing.is_set()
             )
             if idle and timeout > 0:
-                self._wake_due = 0.0 if quiet else wake_at
+                self._wake_due = wake_at
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake_event.wait(), timeout)
         finally:
@@ -433,8 +434,8 @@ class Worker:
         except SpillError as exc:
             self._failed("reading the spill file back", exc, "spill_error", exc.events)
             return
-        if self._may_hold_replies(len(msgs)):
-            self._publisher.hold_replies(self._wake_due + self.options.flush_interval)
+        if until := self._hold_until(len(msgs)):
+            self._publisher.hold_replies(until)
         acked, error = await self._publisher.publish(msgs, self.options.ack_timeout)
         if isinstance(error, asyncio.CancelledError) and self._closing.is_set():
             raise error
@@ -448,19 +449,17 @@ class Worker:
         if acked < len(msgs):
             raise StalledError(f"{acked} of {len(msgs)} messages acknowledged: {error!r}")
 
-    def _may_hold_replies(self, sending: int) -> bool:
-        """Whether a round's acks may wait unread until this thread's next flush, which then reads them, instead of
-        waking it once more: the round takes the whole outbox, the thread sleeps until its flush timer, and nothing
-        waits on the acks meanwhile (no ``flush()``, ``close()`` or leftover upload). The hold ends a flush interval
-        after that wake at the latest, well inside the round's ``ack_timeout``."""
-        opts = self.options
-        left = self._wake_due - time.monotonic()
-        return (
-            sending == len(self._outbox)
-            and not (self._serving or self._flushes or self._pickup_pending or self._closing.is_set())
-            and left > 0
-            and left + opts.flush_interval < opts.ack_timeout / 2
-        )
+    def _hold_until(self, sending: int) -> float:
+        """Until when a round's acks may wait unread for this thread's next wake, which reads them, instead of
+        waking it once more (0: not this round). Only while the thread sleeps, the round takes the whole outbox,
+        and nothing waits on the acks (no ``flush()``, ``close()`` or leftover upload); until a flush interval
+        past the wake due (its flush timer; in a quiet spell the next step's ``log()`` or a heartbeat comes
+        first), and never past half the round's ``ack_timeout``."""
+        if not self._wake_due or sending != len(self._outbox):
+            return 0.0
+        if self._serving or self._flushes or self._pickup_pending or self._closing.is_set():
+            return 0.0
+        return min(self._wake_due + self.options.flush_interval, time.monotonic() + self.options.ack_timeout / 2)
 
     async def _pickup(self) -> None:
         """Once connected, deliver the sealed files earlier runs left in the spill directory for this broker.
