@@ -9,8 +9,8 @@ flight, and the ack is decoded with msgspec into the three fields that matter; o
 subscription collects them (nats-py renews it after a reconnect).
 
 A round's acks can also be left unread for a while (:meth:`AckInbox.hold`): the agent's thread, which
-sleeps until its next flush anyway, then wakes once per flush instead of once more for the acks; each
-wake-up takes the GIL from the training thread, which costs that thread more than the wake-up's own work.
+sleeps until its next flush or step anyway, then reads them when it wakes instead of waking once more for
+them; each wake-up takes the GIL from the training thread, which costs that thread more than its own work.
 """
 
 from __future__ import annotations
