@@ -33,7 +33,7 @@ from ._values import clean_fields, make_event, wire_text
 from .columnar import Entry
 from .gil import GilResult, GilSampler
 from .options import AgentOptions, announce_run_id, resolve
-from .worker import WAKE_EVERY, Worker
+from .worker import Worker
 
 log = logging.getLogger("trainvigil.agent")
 
@@ -86,8 +86,7 @@ class Agent:
         self._records: deque[Record] = deque()
         self._worker: Worker | None = None
         self._gil: GilSampler | None = None
-        self._wake_at = -1  # log() wakes the worker when this many steps wait (then it packs them)
-        self._wake_every = min(opts.batch_size, WAKE_EVERY) - 1
+        self._wake_at = -1  # log() wakes the worker when this many steps wait (then it packs them); the worker says
         if not opts.enabled:
             return
         argv = [wire_text(arg, MAX_TEXT) for arg in sys.argv]  # a huge or undecodable argument never costs the start
@@ -102,7 +101,6 @@ class Agent:
             train_thread=threading.get_ident(),  # the thread that calls init() runs the loop, as a rule
             wake_on_log=self._wake_on_log,
         )
-        self._wake_at = self._wake_every
         self._worker.start()
         if opts.gil:
             self._gil = GilSampler(opts.gil_interval, self._gil_period, name=opts.run_id).start()
@@ -181,10 +179,10 @@ class Agent:
         if len(records) == 1:  # the first since the worker last drained them: records go out at once
             self._wake()
 
-    def _wake_on_log(self, first: bool) -> None:
-        """The worker's say (its thread): ``log()`` wakes it at the first step (it sleeps through a quiet spell)
-        or once :data:`WAKE_EVERY` steps wait."""
-        self._wake_at = 0 if first else self._wake_every
+    def _wake_on_log(self, at: int) -> None:
+        """The worker's say (from its thread, and before it starts): ``log()`` wakes it when it finds ``at`` steps
+        waiting (0: at the next step, while it sleeps through a quiet spell)."""
+        self._wake_at = at
 
     def _wake(self) -> None:
         if self._worker is not None:

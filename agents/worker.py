@@ -94,14 +94,16 @@ class Worker:
         publisher: Publisher | None = None,
         *,
         train_thread: int | None = None,
-        wake_on_log: Callable[[bool], None] = lambda first: None,
+        wake_on_log: Callable[[int], None] = lambda at: None,
     ) -> None:
         self.options = options
         self.source = source
         self._steps = steps
         self._wake_on_log = wake_on_log
-        """Tells the training thread's ``log()`` to wake this thread at the first step it logs (``True``: this
-        thread sleeps until a heartbeat is due) or once :data:`WAKE_EVERY` steps wait (``False``)."""
+        """Tells the training thread's ``log()`` to wake this thread when it finds this many steps waiting (before
+        its own): 0 while this thread sleeps through a quiet spell, else one less than :attr:`_wake_after`."""
+        self._wake_after = min(WAKE_EVERY, options.batch_size)
+        """Steps waiting that end this thread's sleep (outside a quiet spell)."""
         self._records = records
         self.drops = drops
         self._last_step = last_step
@@ -144,6 +146,7 @@ class Worker:
     # ---- called from other threads -------------------------------------------------------
 
     def start(self) -> None:
+        self._wake_on_log(self._wake_after - 1)
         self.thread.start()
 
     def wake(self) -> None:
@@ -263,10 +266,10 @@ class Worker:
         timeout = wake_at - time.monotonic()
         self._asleep = True  # set before looking: a wake() from now on is not lost
         if quiet:
-            self._wake_on_log(True)  # before looking too: log() appends, then reads it
+            self._wake_on_log(0)  # before looking too: log() appends, then reads it
         try:
             waiting = len(self._steps)
-            idle = (not waiting if quiet else waiting < min(WAKE_EVERY, self.options.batch_size)) and not (
+            idle = (not waiting if quiet else waiting < self._wake_after) and not (
                 self._records or self._flushes or self._closing.is_set()
             )
             if idle and timeout > 0:
@@ -278,7 +281,7 @@ class Worker:
             self._wake_due = 0.0
             self._publisher.read_replies()
             if quiet:
-                self._wake_on_log(False)
+                self._wake_on_log(self._wake_after - 1)
         self._wake_event.clear()
         self._pacer.rested()
 

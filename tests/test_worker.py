@@ -217,8 +217,8 @@ class Rig:
         self.worker.start()
         wait_for(lambda: self.worker._loop is not None, 10, "the worker's loop")
 
-    def _arm(self, first: bool) -> None:
-        self.armed = first
+    def _arm(self, at: int) -> None:
+        self.armed = at == 0
 
     def log(self, first: int, n: int) -> None:
         """As ``Agent.log`` does: append, and wake a worker sleeping through a quiet spell."""
