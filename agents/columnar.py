@@ -16,6 +16,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,9 @@ from ._values import SCALAR_TYPES, array_reader, as_float, as_step, describe, ut
 
 Entry = tuple[Any, float, dict[str, Any]]
 """What ``log()`` appends: (step, Unix time, metrics as passed)."""
+
+_STEP, _TIME, _METRICS = itemgetter(0), itemgetter(1), itemgetter(2)
+"""An entry's parts: ``map`` with these is about twice as fast as a generator over the entries."""
 
 _F8 = np.dtype("<f8")
 _I8 = np.dtype("<i8")
@@ -79,8 +83,8 @@ class StepBatchBuilder:
         n = len(entries)
         parts: list[tuple[str, _Part]] = []
         if n:
-            times = np.fromiter((e[1] for e in entries), dtype=_F8, count=n)
-            dicts = [e[2] for e in entries]
+            times = np.fromiter(map(_TIME, entries), dtype=_F8, count=n)
+            dicts = list(map(_METRICS, entries))
             names = tuple(dicts[0])
             if all(map(names.__eq__, map(tuple, dicts))):
                 parts = self._uniform(names, dicts, steps, dropped, notes)
@@ -124,9 +128,9 @@ class StepBatchBuilder:
         self, entries: Sequence[Entry], dropped: Counter[str], notes: list[tuple[str, str]]
     ) -> tuple[Sequence[Entry], np.ndarray]:
         """The entries whose step is an int64, and their steps."""
-        if all(type(e[0]) is int for e in entries):
+        if set(map(type, map(_STEP, entries))) <= {int}:
             try:
-                return entries, np.fromiter((e[0] for e in entries), dtype=_I8, count=len(entries))
+                return entries, np.fromiter(map(_STEP, entries), dtype=_I8, count=len(entries))
             except OverflowError:
                 pass
         kept: list[Entry] = []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from support import wait_for
 
 import trainvigil
 from trainvigil.agents import Agent
+from trainvigil.agents._alarm import Alarm
 from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch, split_step_batch
 from trainvigil.agents.options import DEFAULT_NATS_URL, AgentOptions, resolve
 from trainvigil.agents.outbox import Outbox, OutMsg
@@ -237,6 +240,46 @@ def test_split_step_batch_parts_reconcatenate_to_the_original(parts: int) -> Non
     for name in batch.columns:
         joined = [v for p in pieces for v in _column(p, name)]
         assert _same(joined, _column(batch, name)), name
+
+
+# ---- alarm -----------------------------------------------------------------------------------
+
+
+def test_an_alarm_sleeps_until_its_timeout_when_nobody_rings() -> None:
+    async def main() -> float:
+        alarm = Alarm()
+        started = time.monotonic()
+        await alarm.sleep(0.05)
+        return time.monotonic() - started
+
+    assert 0.045 <= asyncio.run(main()) < 5
+
+
+def test_a_ring_from_another_thread_ends_the_sleep_early() -> None:
+    async def main() -> float:
+        alarm, loop = Alarm(), asyncio.get_running_loop()
+        threading.Timer(0.05, loop.call_soon_threadsafe, (alarm.ring,)).start()
+        started = time.monotonic()
+        await alarm.sleep(30)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 10, "the ring ended a 30 s sleep"
+
+
+def test_a_ring_before_the_sleep_is_kept_for_it_until_cleared() -> None:
+    async def main() -> tuple[float, float]:
+        alarm = Alarm()
+        alarm.ring()
+        started = time.monotonic()
+        await alarm.sleep(30)  # at once: it rang before
+        kept = time.monotonic() - started
+        alarm.clear()
+        started = time.monotonic()
+        await alarm.sleep(0.05)  # the ring was taken and cleared: a full sleep
+        return kept, time.monotonic() - started
+
+    kept, cleared = asyncio.run(main())
+    assert kept < 10 and cleared >= 0.045
 
 
 # ---- outbox ----------------------------------------------------------------------------------

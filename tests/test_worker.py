@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections import deque
@@ -156,6 +157,7 @@ class FakePublisher:
         self.ack_limit = ack_limit
         self.published: list[OutMsg] = []
         self.rounds = 0
+        self.round_times: list[float] = []  # time.monotonic() at each round's start
         self.holds: list[tuple[float, float]] = []  # (when, until) of each hold_replies()
         self.reads = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -185,6 +187,7 @@ class FakePublisher:
 
     async def publish(self, msgs: Sequence[OutMsg], timeout: float) -> tuple[int, BaseException | None]:
         self.rounds += 1
+        self.round_times.append(time.monotonic())
         if not self.up:
             return 0, ConnectionError("down")
         acked = len(msgs) if self.ack_limit is None else min(self.ack_limit, len(msgs))
@@ -289,6 +292,22 @@ def test_a_partly_acknowledged_round_is_retried_until_everything_is_delivered_in
         assert r.worker.flush(10)
     assert r.published_steps() == list(range(100))
     assert fake.rounds >= 10, "ten messages, one acknowledged per round"
+
+
+def test_a_stalled_round_is_retried_after_the_backoff_not_at_once(rig: Callable[..., Rig]) -> None:
+    """The first round goes out without the retry policy; once it stalls, it counts as the policy's first
+    attempt: the second round waits the initial backoff, and later ones wait longer."""
+    fake = FakePublisher(ack_limit=0)
+    r = rig(fake, retry_wait_initial=0.1, retry_wait_max=0.4, flush_interval=3600)
+    r.log(0, 10)
+    r.worker.wake()
+    wait_for(lambda: fake.rounds >= 4, 10, "four rounds, none acknowledged")
+    gaps = [b - a for a, b in itertools.pairwise(fake.round_times[:4])]
+    assert gaps[0] >= 0.1 * 0.95, f"the first retry came {gaps[0]:.3f} s after the stalled round, not after 0.1 s"
+    assert gaps[2] >= 0.2 * 0.95, f"the backoff grows: {gaps}"
+    fake.ack_limit = None
+    assert r.worker.flush(10)
+    assert r.published_steps() == list(range(10))
 
 
 def test_the_worker_sleeps_until_woken_instead_of_polling(rig: Callable[..., Rig]) -> None:
