@@ -31,7 +31,7 @@ Entry = tuple[Any, float, dict[str, Any]]
 """What ``log()`` appends: (step, Unix time, metrics as passed)."""
 
 _STEP, _TIME, _METRICS = itemgetter(0), itemgetter(1), itemgetter(2)
-"""An entry's parts: ``map`` with these is about twice as fast as a generator over the entries."""
+"""An entry's parts: ``map`` with these takes a third less time than a generator over the entries."""
 
 _F8 = np.dtype("<f8")
 _I8 = np.dtype("<i8")
