@@ -86,7 +86,7 @@ class Agent:
         self._records: deque[Record] = deque()
         self._worker: Worker | None = None
         self._gil: GilSampler | None = None
-        self._wake_at = -1  # log() wakes the worker when this many steps wait (then it packs them); the worker says
+        self._wake_at = -1  # log() wakes the worker when this many steps wait; set by the worker (_wake_on_log)
         if not opts.enabled:
             return
         argv = [wire_text(arg, MAX_TEXT) for arg in sys.argv]  # a huge or undecodable argument never costs the start
