@@ -1,11 +1,24 @@
 from __future__ import annotations
 
+import compileall
 import gc
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import Daemon, NatsServer
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Byte-compile the package once, for the hundreds of daemons, CLIs and training scripts the tests start.
+
+    Where ``PYTHONDONTWRITEBYTECODE`` is set (this project's VMs and CI set it), no process writes the
+    ``__pycache__`` it compiled, so every one of them compiled all of trainvigil that it imported again: a
+    daemon's start took ~1.5 s more (2.3 s to import the daemon against 0.8 s with the cache). ``compileall``
+    writes the cache whatever that variable says; it is what Python writes without it, and git ignores it."""
+    root = Path(__file__).resolve().parent.parent
+    for folder in ("src", "schemas", "agents", "daemon"):
+        compileall.compile_dir(root / folder, quiet=2)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -28,6 +28,7 @@ ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "build" / "test-a
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RUN, XSS, LONG = "web-run", "<script>alert(1)</script>", "long-run"
 STEPS, NAN_STEP, LONG_STEPS, SPIKE_STEP = 300, 200, 6000, 4321
+LONG_STEP_S = 50e-6
 VIGIL = [sys.executable, "-m", "trainvigil.daemon.cli"]
 
 
@@ -66,7 +67,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
                 agent.log(step, loss=_loss(step, rank), grad_norm=grad, lr=1e-3, step_time=0.05, my_metric=step % 40)
             xss.log(step, loss=1.0 / (step + 1))
         ranks[0].event("eval", step=150, accuracy=0.9)
+        # Paced, 6 000 steps over ~0.3 s: dragging across the time axis assumes steps spread evenly in time. Logged back
+        # to back they took a few ms, and one GIL hand-over to the agent's thread (up to 5 ms) left most of the
+        # axis empty: a drag over its middle third then asked for steps 0-3096 (a loaded clean-clone run).
+        start = time.perf_counter()
         for step in range(LONG_STEPS):
+            while time.perf_counter() < start + step * LONG_STEP_S:
+                pass
             long.log(step, loss=100.0 if step == SPIKE_STEP else 1.0 + (step % 2) * 0.01)
         assert all(agent.flush(30) for agent in agents)
         total = 2 * STEPS + STEPS + LONG_STEPS
