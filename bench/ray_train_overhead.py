@@ -17,6 +17,7 @@ core; start this under ``taskset`` to keep Ray and its workers off that core.
     taskset -c 0 python bench/ray_train_overhead.py --workers 1
     taskset -c 0 python bench/ray_train_overhead.py --agent-cpu 1   # the agents' threads beside the services
     taskset -c 0 python bench/ray_train_overhead.py --runs 6        # six runs, and the interval over runs
+    python bench/ray_train_overhead.py --spread --runs 3            # a core per worker, nats-server alone
 
 Two runs of the same code can differ by more than one run's interval is wide (that interval covers its
 rounds, not what differs between runs: the workers' placement, the processes' memory layout). With
@@ -25,6 +26,11 @@ a Student's t interval over the runs.
 
 ``--agent-cpu N`` moves each agent's thread onto CPU ``N``: what the workers pay when the agents'
 threads do not share their core, as on a machine with a core to spare.
+
+``--spread`` gives each worker a core of its own, as a real Ray Train deployment does (rank ``r``, every
+thread of its process, on CPU ``r``; run it without ``taskset``). The daemon is stopped once it has made the
+stream, so nothing ingests beside a rank: the agents publish to nats-server alone (on the last core, beside the last
+rank), which stores and acknowledges as always. On a machine with fewer cores than workers, ranks share cores again.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _procs import start_services
+from _procs import shut_down, start_services
 from _stats import mean_interval, median_interval
 from tables import table
 
@@ -53,7 +59,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch
-    from _procs import pin_agent_thread
+    from _procs import pin, pin_agent_thread
 
     import trainvigil
 
@@ -61,6 +67,8 @@ def train_loop(config: dict[str, Any]) -> None:
     net = torch.nn.Sequential(torch.nn.Linear(config["features"], config["hidden"]), torch.nn.ReLU(),
                               torch.nn.Linear(config["hidden"], 1))  # fmt: skip
     model = ray.train.torch.prepare_model(net)  # DDP over gloo
+    if config["spread"]:  # every thread of this worker (gloo's included), and the agent's thread later, on its own core
+        pin(os.getpid(), {rank % (os.cpu_count() or 1)})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(config["batch"], config["features"], generator=torch.Generator().manual_seed(rank))
     y = x.sum(1, keepdim=True)
@@ -111,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--agent-cpu", type=int, help="each agent's thread on this CPU (default: its worker's)")
     parser.add_argument("--runs", type=int, default=1, help="TorchTrainer runs, each with fresh workers")
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="each worker on a core of its own (rank r on cpu r), nats-server alone: no daemon ingests beside a rank",
+    )
     parser.add_argument("--save", type=Path, help="also write rank 0's block medians (seconds, by arm) here as JSON")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--features", type=int, default=32)
@@ -127,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         last = (os.cpu_count() or 1) - 1
         svc.pin(last)
         os.environ.update(VIGIL_NATS_URL=svc.url, VIGIL_LOG_LEVEL="warning")  # the workers inherit them
-        print(f"  nats-server and the daemon on cpu {last}; Ray on cpus {sorted(os.sched_getaffinity(0))}")
+        if args.spread:  # the daemon made the stream; JetStream stores and acknowledges without it
+            shut_down(svc)
+            print(f"  nats-server on cpu {last} (the daemon stopped once the stream existed); worker r on cpu r")
+        else:
+            print(f"  nats-server and the daemon on cpu {last}; Ray on cpus {sorted(os.sched_getaffinity(0))}")
         ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
         runs: list[dict[str, list[float]]] = []
         try:
@@ -144,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save is not None:
         args.save.write_text(json.dumps(runs[0] if args.runs == 1 else runs))
     where = "" if args.agent_cpu is None else f", agent threads on cpu {args.agent_cpu}"
+    where += ", a core each" if args.spread else ""
     model = f"DDP MLP {args.features}-{args.hidden}-1, batch {args.batch}, {args.workers} workers{where}"
     rows = []
     per_run: list[float] = []  # each run's ratio
