@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import compileall
 import gc
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     daemon's start took ~1.5 s more (2.3 s to import the daemon against 0.8 s with the cache). ``compileall``
     writes the cache whatever that variable says; it is what Python writes without it, and git ignores it."""
     root = Path(__file__).resolve().parent.parent
-    for folder in ("src", "schemas", "agents", "daemon"):
+    with open(root / "pyproject.toml", "rb") as file:
+        folders = set(tomllib.load(file)["tool"]["setuptools"]["package-dir"].values())  # the source roots
+    for folder in sorted(folders):
         compileall.compile_dir(root / folder, quiet=2)
 
 
