@@ -314,7 +314,8 @@ def test_the_worker_sleeps_until_woken_instead_of_polling(rig: Callable[..., Rig
     """With nothing to do it blocks: no publish rounds, no loop iterations, until work comes."""
     fake = FakePublisher()
     r = rig(fake, flush_interval=3600)
-    wait_for(lambda: r.worker._asleep, 10, "the worker to block")
+    # Its first pass pushes a heartbeat, which the pump may publish after the loop is asleep: wait for that too.
+    wait_for(lambda: r.worker._asleep and fake.rounds >= 1 and not len(r.worker._outbox), 10, "the worker to block")
     rounds = fake.rounds
     time.sleep(0.2)  # nothing may happen meanwhile: this is the behaviour under test, not a wait for it
     assert fake.rounds == rounds and r.worker._asleep
