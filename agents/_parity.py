@@ -18,25 +18,13 @@ import torch
 
 from trainvigil.schemas import CheckpointDigest
 
+from ._host_copy import to_host
 from .digest import digest
 
 log = logging.getLogger("trainvigil.torch")
 
 MAX_IN_FLIGHT = 2
 """Parameter copies waiting to be hashed at most; beyond, a parity step is skipped (counted)."""
-
-
-def to_host(x: torch.Tensor, fresh: bool = False) -> torch.Tensor:
-    """A host copy of ``x`` that is safe to read once the step's event completed; never syncs.
-
-    ``fresh``: ``x`` was made for us and nobody changes it, so a CPU tensor needs no copy.
-    """
-    x = x.detach()
-    if x.device.type == "cpu":
-        return x if fresh else x.clone()
-    host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-    host.copy_(x, non_blocking=True)
-    return host
 
 
 class Parity:

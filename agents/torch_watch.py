@@ -35,10 +35,14 @@ import torch
 
 from . import faults
 from ._fault_hooks import TrainingFaults
-from ._parity import Parity, to_host
+from ._host_copy import HostScalars, to_host
+from ._parity import Parity
 from .agent import Agent, current_agent, init
 
 log = logging.getLogger("trainvigil.torch")
+
+SLOTS = 64
+"""Host scalars a watch reuses (:class:`HostScalars`); steps still in flight beyond them copy to fresh memory."""
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
@@ -104,9 +108,9 @@ class _Pending:
     metrics: dict[str, Any] = field(default_factory=dict)
     per_param: torch.Tensor | None = None
     names: list[str] = field(default_factory=list)
-    done: Any = None  # a CUDA event recorded after the copies, or None on CPU
+    slots: list[int] = field(default_factory=list)  # the HostScalars slots the metrics are read from
+    done: Any = None  # on CUDA the step's mark, an event recorded after the copies; None on CPU
     started: Any = None  # CUDA events of the previous and this step boundary
-    ended: Any = None
 
 
 class Watch:
@@ -150,6 +154,8 @@ class Watch:
         self._last_mark: Any = None
         self._stepped = False
         self._scale: torch.Tensor | None = None
+        self._scalars = HostScalars(SLOTS, pinned=self._cuda)
+        self._taken: list[int] = []  # slots this step's copies took, until an entry holds them
         self.parity = Parity(agent, self._names, self._params, parity_algo) if parity_every else None
         self._handles = [
             optimizer.register_step_pre_hook(self._pre),
@@ -199,7 +205,7 @@ class Watch:
         scaler = self._scaler
         enabled = scaler.is_enabled() and getattr(scaler, "_scale", None) is not None
         if enabled and optimizer is self.optimizer:
-            self._scale = to_host(scaler._scale)  # update() changes it in place right after
+            self._scale = self._scalars.copy(scaler._scale, self._taken)  # update() changes it in place next
         self._stepped = False
         assert self._scaler_step is not None
         out = self._scaler_step(optimizer, *args, **kwargs)
@@ -212,10 +218,20 @@ class Watch:
 
     def _finish_step(self, *, skipped: bool) -> None:
         step = self.step
+        entry = self._collect(step, skipped) if self._due(self.every) or self._due(self.layer_norms_every) else None
+        # The step's mark comes after its copies: on CUDA the one event both times the step and says they landed.
         mark: Any = self._mark()
         previous, self._last_mark = self._last_mark, mark
-        if self._due(self.every) or self._due(self.layer_norms_every):
-            self._pending.append(self._collect(step, skipped, previous, mark))
+        if entry is not None:
+            if previous is not None and self._due(self.every):
+                if self._cuda:
+                    entry.started = previous
+                else:
+                    entry.metrics["step_time"] = mark - previous
+            if self._cuda:
+                entry.done = mark
+            self._pending.append(entry)
+        self._scalars.release(self._taken)  # copies no entry holds: nobody reads them
         if not skipped and self.parity is not None and self._due(self.parity_every):
             self.parity.take(step)
         self._norm = self._per_param = self._scale = None
@@ -229,28 +245,25 @@ class Watch:
             return event
         return time.perf_counter()
 
-    def _collect(self, step: int, skipped: bool, previous: Any, mark: Any) -> _Pending:
+    def _collect(self, step: int, skipped: bool) -> _Pending:
+        """The step's values, copied to the host (non-blocking); the step's time is added by the caller."""
         entry = _Pending(step)
         m = entry.metrics
+        taken = self._taken
         if self._due(self.every):
             if self._norm is not None:
-                m["grad_norm"] = to_host(self._norm, fresh=True)
+                m["grad_norm"] = self._scalars.copy(self._norm, taken, fresh=True)
             for i, group in enumerate(self.optimizer.param_groups):
                 lr = group.get("lr")
                 if lr is not None:
-                    m["lr" if i == 0 else f"lr_group{i}"] = to_host(lr) if isinstance(lr, torch.Tensor) else lr
+                    name = "lr" if i == 0 else f"lr_group{i}"
+                    m[name] = self._scalars.copy(lr, taken) if isinstance(lr, torch.Tensor) else lr
             if self._scale is not None:
                 m["loss_scale"] = self._scale
                 m["step_skipped"] = 1.0 if skipped else 0.0
-            if previous is not None and not self._cuda:
-                m["step_time"] = mark - previous
-            elif previous is not None:
-                entry.started, entry.ended = previous, mark
+        entry.slots, self._taken = taken, []
         if self._per_param is not None:
             entry.per_param, entry.names = to_host(self._per_param, fresh=True), self._per_names
-        if self._cuda:
-            entry.done = torch.cuda.Event()
-            entry.done.record()
         return entry
 
     # ---- reading back (never waits unless flushing) -------------------------------------------
@@ -264,12 +277,14 @@ class Watch:
                     return
                 entry.done.synchronize()
             pending.popleft()
-            self.agent.log(entry.step, **self._values(entry))
+            values = self._values(entry)
+            self._scalars.release(entry.slots)
+            self.agent.log(entry.step, **values)
 
     def _values(self, entry: _Pending) -> dict[str, float]:
         out = {name: _read(v) for name, v in entry.metrics.items()}
         if entry.started is not None:
-            out["step_time"] = entry.started.elapsed_time(entry.ended) / 1000.0
+            out["step_time"] = entry.started.elapsed_time(entry.done) / 1000.0
         if entry.per_param is not None:
             out.update(self._top_layers(entry.per_param.numpy(), entry.names))
         return out

@@ -16,7 +16,7 @@ on the machine hit them alike; each row reports the median step time over all it
 overhead against its baseline, paired per round (the median over rounds of the ratio of round
 medians). A last table times, against the ``plain`` step, the fused norm alone (``_foreach_norm``
 + one norm over the per-parameter norms), ``clip_grad_norm_`` alone, and watch()'s two hooks
-called directly (their whole per-step work, logging included).
+called directly (their whole per-step work, logging included), and the pre hook (the norm) alone.
 
     python bench/torch_overhead.py                 # --rounds 30 --steps 20 --batch 128
 """
@@ -176,6 +176,8 @@ def report(agent: trainvigil.Agent, device: str, args: argparse.Namespace) -> No
             w._post(opt, (), {})
 
         rows.append((label, _time(hooks, device)))
+        if w.grad_norm:  # the split: the pre hook takes the norm; the post hook copies it out, marks the step
+            rows.append(("  of which the pre hook", _time(lambda w=w: w._pre(opt, (), {}), device)))
         step_no[0] = w.step
         w.remove()
     print(f"\n| {'operation alone':<30} | {'median ms':>9} | {'of plain step':>13} |")

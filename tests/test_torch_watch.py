@@ -126,6 +126,58 @@ def test_grad_scaler_reports_loss_scale_and_skipped_steps() -> None:
     assert "step" not in vars(scaler), "remove() restores the scaler"
 
 
+def test_host_scalars_reuse_their_slots_and_fall_back_to_fresh_memory_when_out_of_them() -> None:
+    from trainvigil.agents._host_copy import HostScalars
+
+    scalars, taken = HostScalars(2, pinned=False), []
+    a, b = scalars.copy(torch.tensor(1.5), taken), scalars.copy(torch.tensor([2.5]), taken)
+    assert (float(a), float(b), scalars.free, sorted(taken)) == (1.5, 2.5, 0, [0, 1])
+    source = torch.tensor(3.5)
+    c = scalars.copy(source, taken)  # no slot left: a copy of its own, not the source itself
+    wide = scalars.copy(torch.tensor(0.1, dtype=torch.float64), [])  # float64 is kept, in memory of its own
+    source.fill_(0.0)
+    assert (float(c), wide.dtype, float(wide), len(taken)) == (3.5, torch.float64, 0.1, 2)
+    scalars.release(taken)
+    assert (scalars.free, taken) == (2, [])
+    d = scalars.copy(torch.tensor(4.5), taken)
+    assert float(d) == 4.5 and float(a) + float(b) in (1.5 + 4.5, 4.5 + 2.5), "a released slot is written again"
+    mine = torch.tensor(5.5)
+    same = scalars.copy(mine, taken, fresh=True)
+    assert same.data_ptr() == mine.data_ptr() and len(taken) == 1, "a fresh CPU value needs no copy"
+    g = scalars.copy(torch.tensor(2.0, requires_grad=True) * 3, taken)
+    assert (float(g), g.requires_grad, scalars.free) == (6.0, False, 0), "a slot never joins a graph"
+
+
+def test_a_long_run_gives_every_host_slot_back_and_logs_each_steps_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logged steps give their slots back once read, unlogged ones (``every=3``) at once: nothing leaks over
+    more steps than there are slots, and each step's values are its own, read from reused slots."""
+    from trainvigil.agents import torch_watch
+
+    monkeypatch.setattr(torch_watch, "SLOTS", 4)
+    model, agent = _model(), RecordingAgent()
+    opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.01))  # a tensor lr: a slot too
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)  # the scale moves
+    w = watch(model, opt, agent, every=3, scaler=scaler)  # type: ignore[arg-type]
+    scales: list[float] = []
+    norms: list[float] = []
+    for _ in range(30):
+        opt.zero_grad()
+        scaler.scale(model(torch.randn(8, 16)).pow(2).mean()).backward()
+        scales.append(float(scaler.get_scale()))
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norms.append(math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads)) / scales[-1])  # as unscaled
+        scaler.step(opt)
+        scaler.update()
+    w.flush()
+    assert sorted(agent.logged) == list(range(0, 30, 3))
+    for s in range(0, 30, 3):
+        m = agent.logged[s]
+        assert m["grad_norm"] == pytest.approx(norms[s], rel=1e-5)
+        assert (m["loss_scale"], m["lr"]) == (scales[s], pytest.approx(0.01))
+    assert len(set(scales)) > 3, "the scale changed while slots were reused"
+    assert w._scalars.free == 4
+
+
 _SYNCS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__index__", "__format__")
 
 
@@ -178,6 +230,7 @@ def test_watched_steps_read_no_tensor_value_on_the_training_thread(monkeypatch: 
         monkeypatch.setattr(torch_watch.Watch, name, arm(getattr(torch_watch.Watch, name)))
     monkeypatch.setattr(torch_watch.Parity, "take", arm(torch_watch.Parity.take))
     monkeypatch.setattr(torch_watch, "to_host", arm(torch_watch.to_host))
+    monkeypatch.setattr(torch_watch.HostScalars, "copy", arm(torch_watch.HostScalars.copy))
 
     model, agent = _model(), RecordingAgent()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
