@@ -177,7 +177,11 @@ def report(agent: trainvigil.Agent, device: str, args: argparse.Namespace) -> No
 
         rows.append((label, _time(hooks, device)))
         if w.grad_norm:  # the split: the pre hook takes the norm; the post hook copies it out, marks the step
-            rows.append(("  of which the pre hook", _time(lambda w=w: w._pre(opt, (), {}), device)))
+
+            def pre(w: Watch = w) -> None:
+                w._pre(opt, (), {})
+
+            rows.append(("  of which the pre hook", _time(pre, device)))
         step_no[0] = w.step
         w.remove()
     print(f"\n| {'operation alone':<30} | {'median ms':>9} | {'of plain step':>13} |")

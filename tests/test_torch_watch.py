@@ -129,7 +129,7 @@ def test_grad_scaler_reports_loss_scale_and_skipped_steps() -> None:
 def test_host_scalars_reuse_their_slots_and_fall_back_to_fresh_memory_when_out_of_them() -> None:
     from trainvigil.agents._host_copy import HostScalars
 
-    scalars, taken = HostScalars(2, pinned=False), []
+    scalars, taken = HostScalars(2, pinned=False), list[int]()
     a, b = scalars.copy(torch.tensor(1.5), taken), scalars.copy(torch.tensor([2.5]), taken)
     assert (float(a), float(b), scalars.free, sorted(taken)) == (1.5, 2.5, 0, [0, 1])
     source = torch.tensor(3.5)
