@@ -25,7 +25,8 @@ class HostScalars:
     A copy into a slot is one non-blocking copy; a fresh pinned tensor per value (:func:`to_host`) also
     goes through the host allocator, to take the tensor and, once it is freed, to record an event on its
     stream. On an H200 watch()'s hooks took 0.29 ms a step against 0.09 ms for the norm alone and 0.05 ms
-    with no norm copied (``bench/torch_overhead.py``): that allocator path is most of the difference.
+    with no norm copied (``bench/torch_overhead.py``): that allocator path is the likely rest (by
+    subtraction; the change is not yet timed on a GPU).
 
     A slot is taken by :meth:`copy` and given back by :meth:`release` once its value was read (the step's
     event completed) or will never be (the step is not logged: a later copy into the slot is queued after

@@ -223,13 +223,11 @@ class Watch:
         mark: Any = self._mark()
         previous, self._last_mark = self._last_mark, mark
         if entry is not None:
-            if previous is not None and self._due(self.every):
-                if self._cuda:
-                    entry.started = previous
-                else:
-                    entry.metrics["step_time"] = mark - previous
-            if self._cuda:
-                entry.done = mark
+            timed = previous is not None and self._due(self.every)
+            if self._cuda:  # read once the mark completed; the time between the marks then too
+                entry.done, entry.started = mark, previous if timed else None
+            elif timed:
+                entry.metrics["step_time"] = mark - previous
             self._pending.append(entry)
         self._scalars.release(self._taken)  # copies no entry holds: nobody reads them
         if not skipped and self.parity is not None and self._due(self.parity_every):

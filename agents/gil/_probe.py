@@ -14,7 +14,7 @@ plus the GIL wait. The probe subtracts the first part:
 - Elsewhere, or without ``timerfd``, it sleeps in ``time.sleep`` and subtracts its run-queue
   delay, read from ``/proc/thread-self/schedstat`` (:class:`RunQueueClock`) where there is one.
   A virtual machine's slow vCPU wake-ups are not in it: with nothing holding the GIL, ten idle
-  runs on this project's VM measured held 0.010-0.063 so, and 0.003 or less through the timer.
+  runs on this project's VM measured held 0.010-0.063 so, and five through the timer 0.001-0.008.
 
 Neither the schedstat read nor the timer's setup may release the GIL (that would add a second
 GIL wait inside the measurement), so both call libc through :class:`ctypes.PyDLL`, which keeps
