@@ -112,6 +112,20 @@ def test_build_step_batch_packs_steps_times_and_full_columns_without_mask() -> N
     assert _column(batch, "lr") == [0.1] * 5
 
 
+def test_the_same_names_in_another_order_or_as_many_other_names_land_in_their_own_columns() -> None:
+    """Rows with the same names in any order are read a column per name; as many names but other ones
+    are not mistaken for the same (each name gets a mask where it is missing)."""
+    same: list[Entry] = [(0, 0.0, {"loss": 1.0, "lr": 0.1}), (1, 0.0, {"lr": 0.2, "loss": 2.0})]
+    batch, dropped = build_step_batch(same, now=0.0)
+    assert batch is not None and not dropped
+    assert (_column(batch, "loss"), _column(batch, "lr")) == ([1.0, 2.0], [0.1, 0.2])
+    assert batch.columns["loss"].present == batch.columns["lr"].present == b""
+    other: list[Entry] = [(0, 0.0, {"loss": 1.0, "lr": 0.1}), (1, 0.0, {"loss": 2.0, "acc": 0.5})]
+    batch, dropped = build_step_batch(other, now=0.0)
+    assert batch is not None and not dropped
+    assert [_column(batch, n) for n in ("loss", "lr", "acc")] == [[1.0, 2.0], [0.1, None], [None, 0.5]]
+
+
 def test_metric_missing_in_some_steps_gets_a_presence_mask() -> None:
     entries: list[Entry] = [(0, 0.0, {"loss": 1.0}), (1, 0.0, {"loss": 2.0, "acc": 0.5}), (2, 0.0, {"loss": 3.0})]
     batch, _ = build_step_batch(entries, now=0.0)
