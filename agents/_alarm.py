@@ -2,7 +2,7 @@
 
 ``asyncio.wait_for(event.wait(), timeout)`` does the same with a task for the wait, and at the timeout
 cancels that task, lets it run once more to finish, and raises and catches ``TimeoutError``: on the
-agent's thread, which sleeps and wakes four times a second, that is ~100 µs of CPU per wake-up more,
+agent's thread, which sleeps and wakes at every flush, that is ~100 µs of CPU per wake-up more,
 taken from the training thread's core (``bench/agent_thread_cpu.py``).
 """
 
