@@ -2,7 +2,7 @@
 
 Steps arrive in chunks of ``chunk`` steps per rank; chunk k of every rank goes in one batch,
 before chunk k+1, and ``batch.now`` is the batch's latest step time. Live, the agent flushes
-every 0.25 s, so a pause (a checkpoint, an eval, a stall) is silence on the wire: a chunk ends
+every flush interval (1 s by default), so a pause (a checkpoint, an eval, a stall) is silence on the wire: a chunk ends
 before every step interval over ``gap_s`` (30 s: half the stall detector's floor of 60 s), and
 idle batches (``steps=[]``) tick every ``tick_s`` through the silence, as the daemon's fetch
 loop does when nothing arrives (live it ticks every 0.25 s; 10 s is the resolution here). Heartbeats come every

@@ -1,7 +1,7 @@
 """What the agent costs a training thread that holds the GIL: the host side of a GPU step, side by side in one process.
 
 On a GPU the training thread spends its step in Python and kernel launches, holding the GIL, and
-the agent's thread has to take the GIL from it at each of its wake-ups (a flush every 0.25 s, an
+the agent's thread has to take the GIL from it at each of its wake-ups (a flush every flush interval, an
 ack, a heartbeat). On a CPU step the torch kernels release the GIL while they compute, which
 hides that; this bench does not. The step here is ~2 ms of pure Python (``--work``:
 ``allocating`` makes an int per iteration, as Python code does; ``flat`` allocates nothing).

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from _agents import Producer, check_producers, collect, go, spawn_producers
 from _procs import (
@@ -63,11 +64,14 @@ from _procs import (
 )
 from _wait import wait_until
 
+from trainvigil.agents.options import AgentOptions
+
 TARGET_STEPS_PER_S = 500_000
 TARGET_RSS_MIB = 1024
 LATENCY_RATE_HZ = 1000.0
 LATENCY_SECONDS = 5.0
 LATENCY_FLUSH_INTERVAL = 0.05
+DEFAULT_FLUSH_INTERVAL = next(f.default for f in msgspec.structs.fields(AgentOptions) if f.name == "flush_interval")
 LATENCY_POLL_S = 0.002
 THROUGHPUT_POLL_S = 0.02
 BATCH_SIZE = 8192
@@ -236,7 +240,8 @@ def format_notes(report: Report) -> list[str]:
         f"daemon: {run.daemon_commits} transactions ({run.total / max(run.daemon_commits, 1):,.0f} rows each on "
         f"average), {run.daemon_write_s:.1f} s wall in store.write + ack",
         f"latency: one agent at {LATENCY_RATE_HZ:g} steps/s for {LATENCY_SECONDS:g} s with "
-        f"flush_interval={LATENCY_FLUSH_INTERVAL:g} s (default 0.25 s); log() -> row committed, bounded below by the "
+        f"flush_interval={LATENCY_FLUSH_INTERVAL:g} s (default {DEFAULT_FLUSH_INTERVAL:g} s); "
+        "log() -> row committed, bounded below by the "
         f"flush interval, read by polling /metrics every {LATENCY_POLL_S * 1000:g} ms; "
         f"max {report.latency_s.max() * 1000:.1f} ms",
     ]
