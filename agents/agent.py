@@ -37,6 +37,11 @@ from .worker import Worker
 
 log = logging.getLogger("trainvigil.agent")
 
+KEEP_WAIT_S = 60.0
+"""How much longer than its deadline :meth:`Agent.close` waits for the agent's thread to keep what is
+undelivered on local disk: that is local work (packing the last steps, writing the kept file), and a
+script that exits right after ``close()`` would lose it all. Only a stuck disk reaches this bound."""
+
 _live: weakref.WeakSet[Agent] = weakref.WeakSet()
 _orphans: list[Worker] = []  # a forked child keeps its parent's dead worker alive, never closes it
 _now = time.time
@@ -237,7 +242,9 @@ class Agent:
         ``stats()["last_error"]`` the last error seen. Events still undelivered at the
         deadline (at once, when no broker was ever reached) are counted (``close_timeout``)
         and kept in a file in ``spill_dir`` for the next agent or ``vigil push``; the log line
-        and ``stats()["kept_file"]`` name it. Safe to call twice.
+        and ``stats()["kept_file"]`` name it. ``timeout`` bounds the wait for the broker; writing
+        that file is local work ``close()`` waits for past it (up to :data:`KEEP_WAIT_S`, with a
+        warning), so a script that exits right after loses nothing. Safe to call twice.
         """
         if self._closed:
             return self._delivered_all()
@@ -260,6 +267,15 @@ class Agent:
             return self._delivered_all()
         worker.request_close(timeout, status, self._crash)
         worker.thread.join(timeout + 2.0)
+        if worker.thread.is_alive():  # past the broker's deadline: what is left is local, keep it
+            log.warning(
+                "trainvigil: still keeping what was not delivered (%d events packed so far) in %s; "
+                "waiting up to %.0f s more",
+                worker.stats()["pending_events"],
+                self.options.spill_dir,
+                KEEP_WAIT_S,
+            )
+            worker.thread.join(KEEP_WAIT_S)
         return self._delivered_all()
 
     def flush(self, timeout: float) -> bool:

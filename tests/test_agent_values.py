@@ -693,10 +693,9 @@ def test_stats_from_another_thread_while_logging_and_flushing_never_raises(tmp_p
     assert not failures, repr(failures[0])
     assert reads > 100
     assert pending > 1000, "the outbox grew while it was read"
-    # close() waits 2 s past its timeout for the thread; sealing thousands of small messages into the
-    # kept file can take longer on a slow machine, and close_timeout is counted as that ends.
+    # Sealing thousands of small messages into the kept file can take seconds on a slow machine;
+    # close() waits for it past its timeout, and close_timeout is counted as that ends.
     assert agent._worker is not None
-    agent._worker.thread.join(30)
     assert not agent._worker.thread.is_alive()
     assert {"bad_value", "bad_step", "close_timeout"} <= set(agent.stats()["dropped"])
 

@@ -202,3 +202,42 @@ def test_malformed_nats_url_is_a_config_error_at_init(url: str, spill: Path, mon
 )
 def test_nats_url_accepts_nats_tls_ws_wss_host_port_and_lists(url: str, tmp_path: Path) -> None:
     assert AgentOptions(run_id="r", nats_url=url, spill_dir=tmp_path).nats_url == url
+
+
+_SLOW_DISK = """
+import sys, time
+import trainvigil
+from trainvigil.agents import outbox
+
+write_sealed = outbox.write_sealed
+
+def slow_write_sealed(*args, **kwargs):
+    time.sleep(float(sys.argv[2]))  # a slow disk: the kept file takes this long to start
+    return write_sealed(*args, **kwargs)
+
+outbox.write_sealed = slow_write_sealed
+agent = trainvigil.init(run_id=sys.argv[1])
+for step in range(2000):
+    agent.log(step, loss=1.0)
+print(agent.close(timeout=0.1), agent.stats()["kept_file"], flush=True)
+"""
+
+
+def test_close_returns_only_once_the_kept_file_is_written_even_when_the_disk_is_slow(
+    spill: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() waits for the broker at most its timeout, but keeping what is undelivered is local work it
+    finishes: a script that exits right after close() keeps every step even when writing takes seconds."""
+    monkeypatch.setenv("VIGIL_NATS_URL", f"nats://127.0.0.1:{free_port()}")
+    done = subprocess.run(
+        [sys.executable, "-c", _SLOW_DISK, "slow-disk", "3.0"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    returned, kept = done.stdout.split()
+    assert returned == "False"  # nothing was delivered
+    # the 2000 steps, run_start and run_end
+    assert "still keeping what was not delivered (2002 events" in done.stderr, done.stderr
+    [found] = spill.glob("slow-disk-r0-p*.spill")
+    assert str(found) == kept
+    assert sorted(_steps_in(found)) == list(range(2000))
+    assert not list(spill.glob("*.live")) and not list(spill.glob("*.tmp")), list(spill.iterdir())
