@@ -328,6 +328,7 @@ class Agent:
         self._last_step = None
         self._pending = set()
         if self._worker is not None:
+            self._worker.forget_lock()
             _orphans.append(self._worker)
         if self._closed:
             self._worker = None

@@ -4,6 +4,9 @@ Order is kept exactly: once anything is spilled, new messages go to the file too
 the file has been read back, so replay after a reconnect is in the order of ``push``.
 Only the publisher thread changes an Outbox; its counters may be read from any thread.
 
+The spill file starts with a sealed file's header (below), so a spill file whose process was killed
+is a sealed file already: :mod:`._orphans` adopts it as one.
+
 :meth:`Outbox.seal` moves what is still held into a *sealed* file: :data:`SEALED_MAGIC`, a line
 naming the broker the messages were meant for, then the spill file's frames (subject,
 ``Nats-Msg-Id``, payload, events), written under a temporary name and renamed, so a sealed
@@ -21,9 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ._livelock import LiveLock
+
 _FRAME = struct.Struct("<III")  # subject length, message id length, payload length
 _EVENTS = struct.Struct("<I")
 _HEAD = _FRAME.size + _EVENTS.size
+FRAME_HEAD = _HEAD
+"""The bytes of a frame before its subject: the three lengths and the events."""
 SEALED_MAGIC = b"trainvigil-spill/1\n"
 """The first bytes of a sealed file; then the broker's URL and a newline, then the frames."""
 
@@ -77,6 +84,11 @@ def read_frame(f: BinaryIO) -> tuple[OutMsg, int] | None:
     return msg, _HEAD + len(body)
 
 
+def frame_length(head: bytes) -> int:
+    """The size on disk of the frame that starts with ``head`` (its first :data:`FRAME_HEAD` bytes)."""
+    return FRAME_HEAD + sum(_FRAME.unpack_from(head))
+
+
 def copy_range(f: BinaryIO, start: int, end: int | None = None) -> Iterator[bytes]:
     """The bytes of ``f`` from ``start`` to ``end`` (default: the end of the file), in chunks."""
     f.seek(start)
@@ -101,7 +113,7 @@ def write_sealed(path: Path, broker: str, parts: Iterable[bytes]) -> None:
     tmp = path.with_name(path.name + ".tmp")  # never matches a sealed file's suffix
     try:
         with open(tmp, "wb") as out:
-            out.write(SEALED_MAGIC + broker.encode() + b"\n")
+            out.write(sealed_header(broker))
             for part in parts:
                 out.write(part)
             out.flush()
@@ -111,6 +123,11 @@ def write_sealed(path: Path, broker: str, parts: Iterable[bytes]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def sealed_header(broker: str) -> bytes:
+    """The bytes a sealed file (and a spill file) starts with, naming ``broker``."""
+    return SEALED_MAGIC + broker.encode() + b"\n"
 
 
 def read_sealed_header(f: BinaryIO) -> str:
@@ -127,15 +144,18 @@ def read_sealed_header(f: BinaryIO) -> str:
 class Outbox:
     """Bounded FIFO; ``push`` returns ``False`` when the message had to be dropped."""
 
-    def __init__(self, max_memory_bytes: int, spill_path: Path, max_spill_bytes: int) -> None:
+    def __init__(self, max_memory_bytes: int, spill_path: Path, max_spill_bytes: int, broker: str = "") -> None:
+        """``broker``: the :func:`~.push.broker_key` the spill file's header names (see :mod:`._orphans`)."""
         self._memory: deque[OutMsg] = deque()
         self._memory_bytes = 0
         self._memory_events = 0  # kept as a sum so readers on other threads never iterate the deque
         self._max_memory = max_memory_bytes
         self._spill_path = spill_path
         self._max_spill = max_spill_bytes
-        self._spill_write: int = 0  # bytes written to the spill file
-        self._spill_read: int = 0  # bytes already read back from it
+        self._header = sealed_header(broker)
+        self._lock = LiveLock(spill_path)
+        self._spill_write: int = 0  # the spill file's size, 0 while there is none
+        self._spill_read: int = 0  # where in it the messages not yet read back start
         self._spilled_events = 0
 
     def __len__(self) -> int:
@@ -186,15 +206,20 @@ class Outbox:
             return False
         self._spill_path.parent.mkdir(parents=True, exist_ok=True)
         # A fresh file when nothing is spilled: bytes left by a file that could not be removed never count.
-        with open(self._spill_path, "ab" if self._spill_write else "wb") as f:
+        fresh = not self._spill_write
+        if fresh:
+            self._lock.take()
+        with open(self._spill_path, "wb" if fresh else "ab") as f:
             try:
-                f.write(data)
+                f.write(self._header + data if fresh else data)
                 f.flush()
             except OSError:
                 # A partial frame would shift every later one: cut the file back, then report.
                 with contextlib.suppress(OSError):
                     f.truncate(self._spill_write)
                 raise
+        if fresh:
+            self._spill_write = self._spill_read = len(self._header)
         self._spill_write += size
         self._spilled_events += msg.events
         return True
@@ -232,6 +257,11 @@ class Outbox:
         self._spill_write = self._spill_read = self._spilled_events = 0
         with contextlib.suppress(OSError):  # gone already, or left behind: the next spill starts it afresh
             os.unlink(self._spill_path)
+        self._lock.release()
+
+    def forget_lock(self) -> None:
+        """In a forked child: close the copy of the parent's spill-file lock, which stays the parent's."""
+        self._lock.forget()
 
     def persist(self) -> bool:
         """Move the messages held in memory into the spill file, order kept, and fsync it, so that
@@ -247,8 +277,10 @@ class Outbox:
         self._spill_path.parent.mkdir(parents=True, exist_ok=True)
         # Memory holds the oldest messages (new ones go to the file while it has any): they go first.
         tmp = self._spill_path.with_name(self._spill_path.name + ".tmp")
+        self._lock.take()
         try:
             with open(tmp, "wb") as out:
+                out.write(self._header)
                 out.writelines(frames)
                 if self.spilled_bytes:
                     with open(self._spill_path, "rb") as f:
@@ -260,7 +292,7 @@ class Outbox:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self._spill_write, self._spill_read = size + self.spilled_bytes, 0
+        self._spill_write, self._spill_read = len(self._header) + size + self.spilled_bytes, len(self._header)
         self._spilled_events += self._memory_events
         self._memory.clear()
         self._memory_bytes = self._memory_events = 0

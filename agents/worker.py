@@ -24,7 +24,8 @@ every ~0.5 ms, so ``log()`` never waits for a whole batch to be encoded.
 Without a broker nothing is lost at exit either: the first failed connect is logged once, and
 what is undelivered when ``close()`` ends is sealed into a file in the spill directory. Once
 connected, this thread also delivers the sealed files earlier runs left there for the same
-broker (:mod:`.push`), beside its own messages.
+broker (:mod:`.push`), beside its own messages, and first seals the spill files of agents that
+were killed (:mod:`._orphans`).
 
 No value and no failure ends this thread: what cannot be packed, encoded or held is dropped and
 counted by reason (the first few are logged by name), an unexpected exception is logged once per
@@ -49,6 +50,7 @@ from trainvigil.schemas.settings import retrying
 
 from ._alarm import Alarm
 from ._drops import Drops
+from ._orphans import LIVE, adopt_orphans
 from ._pacing import Pacer
 from ._stuck import StuckProbe
 from ._values import as_step, wire_text
@@ -116,8 +118,9 @@ class Worker:
         self._sealed_name = sealed_name(run_token(source.run_id), source.rank, source.pid, self._batcher.nonce)
         self._outbox = Outbox(
             options.max_memory_bytes,
-            options.spill_dir / (self._sealed_name.removesuffix(SUFFIX) + ".live"),
+            options.spill_dir / (self._sealed_name.removesuffix(SUFFIX) + LIVE),
             options.max_spill_bytes,
+            broker_key(options.nats_url),
         )
         name = f"trainvigil-agent {source.run_id}/{source.rank}"
         self._publisher: Publisher = publisher or NatsPublisher(options, name, self._pacer, self._noticed)
@@ -145,6 +148,11 @@ class Worker:
         self.thread = threading.Thread(target=self._thread_main, name="trainvigil-agent", daemon=True)
 
     # ---- called from other threads -------------------------------------------------------
+
+    def forget_lock(self) -> None:
+        """In a forked child, which never runs this worker: close its copy of the parent's spill-file lock,
+        so that the parent's spill file can be adopted once the parent dies, even while the child lives."""
+        self._outbox.forget_lock()
 
     def start(self) -> None:
         self._wake_on_log(self._wake_after - 1)
@@ -488,6 +496,7 @@ class Worker:
                     await self._progressed()
                 self._pickup_pending = True
                 failed = []
+                await asyncio.to_thread(adopt_orphans, where)  # reads their frames' heads: off this loop
                 for path in leftovers(where):
                     result = await self._publisher.deliver_file(path, broker_key(self.options.nats_url))
                     if result.error:

@@ -22,7 +22,7 @@ from trainvigil.agents import Agent
 from trainvigil.agents._alarm import Alarm
 from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch, split_step_batch
 from trainvigil.agents.options import DEFAULT_NATS_URL, AgentOptions, resolve
-from trainvigil.agents.outbox import Outbox, OutMsg
+from trainvigil.agents.outbox import Outbox, OutMsg, sealed_header
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import StepBatch
 
@@ -363,7 +363,7 @@ def test_outbox_push_returns_false_past_max_spill_bytes(tmp_path: Path) -> None:
     box = Outbox(max_memory_bytes=0, spill_path=spill, max_spill_bytes=3 * size_on_disk)
     assert [box.push(_msg(i)) for i in range(5)] == [True, True, True, False, False]
     assert box.spilled_bytes == 3 * size_on_disk
-    assert spill.stat().st_size == 3 * size_on_disk
+    assert spill.stat().st_size == len(sealed_header("")) + 3 * size_on_disk  # a sealed file's header first
     assert box.pending_events == 3
     assert [m.msg_id for m in _drain(box)] == ["id000", "id001", "id002"]
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import os
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 from support import Daemon, NatsServer, finish, run_producer, wait_for
 
 import trainvigil
+from trainvigil.agents._orphans import adopt_orphans
 from trainvigil.agents.options import AgentOptions, default_spill_dir
 from trainvigil.agents.outbox import OutMsg, frame, read_frame, read_sealed_header, write_sealed
 from trainvigil.agents.push import upload
@@ -101,11 +105,12 @@ def test_vigil_push_exits_3_when_no_broker_answers_and_keeps_the_file(spill: Pat
     assert kept.exists()
 
 
-def test_next_agent_delivers_the_leftover_files_meant_for_its_broker(tmp_path: Path, spill: Path) -> None:
+def test_next_agent_delivers_the_leftover_and_killed_agents_files_meant_for_its_broker(tmp_path: Path, spill: Path) -> None:
     server = NatsServer(tmp_path / "jetstream")  # its port stays closed until it starts
     daemon = Daemon(server.url, tmp_path / "data")
     kept = _run_offline("offline-left", spill, server.url)
     elsewhere = _run_offline("offline-elsewhere", spill)
+    killed = _kill_after_spilling("offline-killed", server.url)
     server.start()
     try:
         daemon.start()
@@ -113,7 +118,8 @@ def test_next_agent_delivers_the_leftover_files_meant_for_its_broker(tmp_path: P
         # The next agent's close() lets the upload under way finish, so the file is gone when it exits.
         assert not kept.exists(), "the leftover file is removed once every message was acknowledged"
         assert elsewhere.exists(), "a file meant for another broker waits for vigil push"
-        for run_id in ("offline-left", "online-next"):
+        assert not killed.exists() and not killed.with_suffix(".spill").exists(), "a killed agent's file is sent too"
+        for run_id in ("offline-left", "offline-killed", "online-next"):
 
             def arrived(run_id: str = run_id) -> bool:
                 return _rows(daemon, run_id) >= N
@@ -235,9 +241,105 @@ def test_close_returns_only_once_the_kept_file_is_written_even_when_the_disk_is_
     assert done.returncode == 0, done.stderr
     returned, kept = done.stdout.split()
     assert returned == "False"  # nothing was delivered
-    # the 2000 steps, run_start and run_end
-    assert "still keeping what was not delivered (2002 events" in done.stderr, done.stderr
+    said = re.search(r"still keeping what was not delivered \((\d+) events packed so far\)", done.stderr)
+    assert said and int(said[1]) >= 2002, done.stderr  # the 2000 steps, run_start, run_end (and heartbeats)
     [found] = spill.glob("slow-disk-r0-p*.spill")
     assert str(found) == kept
     assert sorted(_steps_in(found)) == list(range(2000))
     assert not list(spill.glob("*.live")) and not list(spill.glob("*.tmp")), list(spill.iterdir())
+
+
+_KILLED = """
+import sys
+import trainvigil
+
+agent = trainvigil.init(run_id=sys.argv[1], max_memory_bytes=1)  # every message goes to the spill file
+for step in range(int(sys.argv[2])):
+    agent.log(step, loss=1.0)
+assert agent.flush(30)  # no broker: on disk, fsynced
+print("spilled", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def _kill_after_spilling(run_id: str, url: str, check: Callable[[Path], None] = lambda live: None) -> Path:
+    """An agent process for the broker at ``url`` (not up) that spills N steps, runs ``check`` on its
+    spill file while it lives, then is killed: the spill file it leaves."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, run_id, str(N)],
+        env={**os.environ, "VIGIL_NATS_URL": url},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"spilled\n", proc.stderr.read() if proc.stderr else ""
+        [live] = Path(os.environ["VIGIL_SPILL_DIR"]).glob(f"{run_id}-r0-p{proc.pid}-*.live")
+        assert live.with_suffix(".lock").exists()
+        check(live)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    return live
+
+
+def test_a_killed_agents_spill_file_is_adopted_and_pushed_exactly_once_but_never_while_it_lives(
+    daemon: Daemon, nats_server: NatsServer, spill: Path
+) -> None:
+    """SIGKILL (the OOM killer) runs no exit: the spill file stays as it was. The next agent or
+    vigil push seals it once its process is gone, a frame cut short by the kill cut off."""
+
+    def not_while_it_lives(live: Path) -> None:
+        assert adopt_orphans(spill) == [] and live.exists(), "a living agent's spill file is its own"
+
+    live = _kill_after_spilling("killed", f"nats://127.0.0.1:{free_port()}", not_while_it_lives)
+    with open(live, "ab") as f:
+        f.write(b"\x03\x00\x00\x00\x05")  # a frame the kill cut short
+    pushed = _push(spill, nats_server.url)
+    assert pushed.returncode == 0, pushed.stderr
+    assert f"{live.with_suffix('.spill').name}: the spill file of a killed agent" in pushed.stderr, pushed.stderr
+    assert "pushed 1 of 1 files" in pushed.stderr, pushed.stderr
+    assert "ends in a frame cut short by the kill; 5 bytes dropped" in pushed.stderr, pushed.stderr
+    wait_for(lambda: _rows(daemon, "killed") >= N, 30, f"{N} rows")
+    assert daemon.scalar("select count(distinct step) from steps where run_id = 'killed'") == N
+    assert _rows(daemon, "killed") == N
+    assert list(spill.iterdir()) == [], "no spill, lock or sealed file is left"
+
+
+_KILLED_PARENT = """
+import os, sys
+import trainvigil
+
+agent = trainvigil.init(run_id="parent", max_memory_bytes=1)
+for step in range(100):
+    agent.log(step, loss=1.0)
+assert agent.flush(30)
+if os.fork() == 0:  # a child (a DataLoader worker, say) that outlives its parent
+    print("child", flush=True)  # its after-fork handlers ran
+    sys.stdin.read()
+    os._exit(0)
+print("spilled", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_forked_child_that_outlives_its_killed_parent_does_not_hold_the_parents_spill_file(spill: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_PARENT],
+        env={**os.environ, "VIGIL_NATS_URL": f"nats://127.0.0.1:{free_port()}"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert {proc.stdout.readline(), proc.stdout.readline()} == {b"spilled\n", b"child\n"}
+        [live] = spill.glob(f"parent-r0-p{proc.pid}-*.live")  # the child has one of its own
+        proc.kill()  # the parent only: the child keeps the same stdin open, and lives on
+        proc.wait(30)
+        assert adopt_orphans(spill) == [live.with_suffix(".spill")]
+        assert sorted(_steps_in(live.with_suffix(".spill"))) == list(range(100))
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)  # closes stdin: the child ends too

@@ -156,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
     push = sub.add_parser(
         "push",
-        help="deliver the spill files of runs that ended without a broker",
+        help="deliver the spill files of runs that ended (or were killed) without a broker",
         description="Publish the spill files that agents kept when no broker took their data (see 'Offline runs' "
-        "in the README), oldest first, each message with its original Nats-Msg-Id; a file is removed once "
-        "JetStream acknowledged all of it. Exit 0 when everything was delivered (or there was nothing), 1 when "
+        "in the README), and the spill files of agents that were killed, oldest first, each message with its "
+        "original Nats-Msg-Id; a file is removed once JetStream acknowledged all of it. Exit 0 when everything "
+        "was delivered (or there was nothing), 1 when "
         "some files were not (they stay), 3 when no broker answered. Needs only the agent install.",
     )
     push.add_argument(
@@ -486,6 +487,7 @@ def _push(args: argparse.Namespace) -> int:
     import asyncio
     import itertools
 
+    from trainvigil.agents._orphans import adopt_orphans
     from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
     from trainvigil.agents.push import FileResult, PushIncompleteError, broker_key, leftovers, push
     from trainvigil.errors import ConfigError
@@ -494,6 +496,9 @@ def _push(args: argparse.Namespace) -> int:
     where = Path(args.dir or os.environ.get("VIGIL_SPILL_DIR") or default_spill_dir())
     if args.dir and not where.exists():
         raise ConfigError(f"{where} does not exist; pass a spill directory (VIGIL_SPILL_DIR) or file", key="dir")
+    if where.is_dir():
+        for adopted in adopt_orphans(where):
+            print(f"vigil: {adopted.name}: the spill file of a killed agent, sealed for pushing", file=sys.stderr)
     paths = leftovers(where)
     if not paths:
         print(f"vigil: nothing to push in {where}", file=sys.stderr)
