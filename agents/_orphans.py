@@ -56,6 +56,8 @@ def _adopt(live: Path) -> Path | None:
         except BlockingIOError:
             return None  # its agent is alive
         sealed = live.with_suffix(SUFFIX)
+        with contextlib.suppress(OSError):  # a copy the kill cut short (Outbox.persist); the file is whole
+            os.unlink(live.with_name(live.name + ".tmp"))
         try:
             kept = _cut_partial_frame(live)
             if kept:
@@ -82,8 +84,10 @@ def _cut_partial_frame(live: Path) -> int:
         ValueError: ``live`` has no sealed header (a file this module does not know).
     """
     with open(live, "r+b") as f:
-        read_sealed_header(f)
         size = os.fstat(f.fileno()).st_size
+        if not size:  # killed before its first write
+            return 0
+        read_sealed_header(f)
         at = start = f.tell()
         while at < size:
             head = f.read(FRAME_HEAD)

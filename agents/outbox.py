@@ -217,6 +217,8 @@ class Outbox:
                 # A partial frame would shift every later one: cut the file back, then report.
                 with contextlib.suppress(OSError):
                     f.truncate(self._spill_write)
+                if fresh:  # no file, no lock
+                    self.discard_spill()
                 raise
         if fresh:
             self._spill_write = self._spill_read = len(self._header)

@@ -345,6 +345,8 @@ class Worker:
                     self.kept_file,
                     where,
                 )
+        else:
+            self._outbox.discard_spill()  # nothing held: a spill file's lock (if one is left) goes too
 
     def _failed(self, doing: str, exc: BaseException, reason: str = "", lost: int = 0) -> None:
         """An unexpected exception: counted (``lost`` events for ``reason``), kept as

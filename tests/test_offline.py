@@ -20,7 +20,7 @@ from support import Daemon, NatsServer, finish, run_producer, wait_for
 import trainvigil
 from trainvigil.agents._orphans import adopt_orphans
 from trainvigil.agents.options import AgentOptions, default_spill_dir
-from trainvigil.agents.outbox import OutMsg, frame, read_frame, read_sealed_header, write_sealed
+from trainvigil.agents.outbox import Outbox, OutMsg, frame, read_frame, read_sealed_header, write_sealed
 from trainvigil.agents.push import upload
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.errors import ConfigError
@@ -105,7 +105,9 @@ def test_vigil_push_exits_3_when_no_broker_answers_and_keeps_the_file(spill: Pat
     assert kept.exists()
 
 
-def test_next_agent_delivers_the_leftover_and_killed_agents_files_meant_for_its_broker(tmp_path: Path, spill: Path) -> None:
+def test_next_agent_delivers_the_leftover_and_killed_agents_files_meant_for_its_broker(
+    tmp_path: Path, spill: Path
+) -> None:
     server = NatsServer(tmp_path / "jetstream")  # its port stays closed until it starts
     daemon = Daemon(server.url, tmp_path / "data")
     kept = _run_offline("offline-left", spill, server.url)
@@ -185,6 +187,46 @@ def test_a_file_another_process_holds_is_skipped_untouched(tmp_path: Path) -> No
         result = asyncio.run(upload(js, path, max_inflight=8, ack_timeout=1))
     assert result.skipped and not js.ids
     assert path.read_bytes() == before
+
+
+def test_only_spill_files_whose_lock_is_free_are_adopted_and_their_leftovers_go_with_them(tmp_path: Path) -> None:
+    """adopt_orphans on real files: a held lock (another open file, as another process's) or no lock file
+    at all leaves a spill file alone; an empty one (killed before its first write) is removed with its lock,
+    a half-made copy of Outbox.persist beside an adopted one too."""
+    _sealed(tmp_path / "held-r0-p1-n.live", 3)
+    _sealed(tmp_path / "nolock-r0-p1-n.live", 3)
+    _sealed(tmp_path / "dead-r0-p1-n.live", 3)
+    (tmp_path / "dead-r0-p1-n.live.tmp").write_bytes(b"half")
+    (tmp_path / "empty-r0-p1-n.live").write_bytes(b"")
+    for name in ("held", "dead", "empty"):
+        (tmp_path / f"{name}-r0-p1-n.lock").touch()
+    with open(tmp_path / "held-r0-p1-n.lock", "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        assert adopt_orphans(tmp_path) == [tmp_path / "dead-r0-p1-n.spill"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dead-r0-p1-n.spill",
+        "held-r0-p1-n.live",
+        "held-r0-p1-n.lock",
+        "nolock-r0-p1-n.live",
+    ]
+    assert [m.msg_id for m, _ in _frames(tmp_path / "dead-r0-p1-n.spill")] == [f"r/0/h/1/nonce/{i}" for i in range(3)]
+    assert adopt_orphans(tmp_path) == [tmp_path / "held-r0-p1-n.spill"], "its lock is free now"
+
+
+def test_an_agents_spill_file_and_its_lock_are_gone_once_it_was_read_back(tmp_path: Path) -> None:
+    box = Outbox(max_memory_bytes=0, spill_path=tmp_path / "a.live", max_spill_bytes=10_000, broker="nats://b:1")
+    box.push(OutMsg("s", "id", b"x", 1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.live", "a.lock"]
+    with open(tmp_path / "a.live", "rb") as f:
+        assert read_sealed_header(f) == "nats://b:1", "a spill file is a sealed file for its broker"
+    assert adopt_orphans(tmp_path) == [], "its owner holds the lock"
+    assert box.peek(1) and not list(tmp_path.iterdir())
+
+
+def _frames(path: Path) -> list[tuple[OutMsg, int]]:
+    with open(path, "rb") as f:
+        read_sealed_header(f)
+        return list(iter(lambda: read_frame(f), None))
 
 
 def test_default_spill_dir_is_under_the_user_cache_dir() -> None:
