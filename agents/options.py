@@ -120,7 +120,8 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
             half the thread's CPU of 0.25 s at 660 steps/s, a third at 10 steps/s).
         batch_size: a flush happens early once this many steps are buffered.
         max_buffer: steps held on the training thread's side before ``log()`` drops (counted).
-        max_memory_bytes: encoded messages held in memory while the broker is away, then spilled.
+        max_memory_bytes: encoded messages held in memory until acknowledged, then spilled; while the
+            broker is away, messages go to the spill file at once (memory only when it cannot be written).
         spill_dir: where the append-only spill file goes, and where what is still undelivered at
             exit is kept for the next agent or ``vigil push`` (default :func:`default_spill_dir`).
         max_spill_bytes: the spill file's bound; beyond it messages are dropped (counted).

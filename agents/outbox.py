@@ -16,6 +16,7 @@ file is always complete. :mod:`.push` delivers those later.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 from collections import deque
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ._livelock import LiveLock
+
+log = logging.getLogger("trainvigil.agent")
 
 _FRAME = struct.Struct("<III")  # subject length, message id length, payload length
 _EVENTS = struct.Struct("<I")
@@ -154,6 +157,7 @@ class Outbox:
         self._max_spill = max_spill_bytes
         self._header = sealed_header(broker)
         self._lock = LiveLock(spill_path)
+        self._warned = False  # that the spill file cannot be written while memory has room
         self._spill_write: int = 0  # the spill file's size, 0 while there is none
         self._spill_read: int = 0  # where in it the messages not yet read back start
         self._spilled_events = 0
@@ -175,11 +179,32 @@ class Outbox:
         """Agent events held, in memory and on disk."""
         return self._memory_events + self._spilled_events
 
-    def push(self, msg: OutMsg) -> bool:
+    def push(self, msg: OutMsg, *, to_disk: bool = False) -> bool:
+        """Hold ``msg``, behind everything held; ``False`` when it had to be dropped (both bounds reached).
+
+        ``to_disk``: into the spill file even while memory has room (the broker is away: a kill then loses
+        nothing written), but into memory all the same when the file cannot be written.
+        """
         if self.spilled_bytes == 0 and self._memory_bytes + msg.size <= self._max_memory:
+            if to_disk:
+                try:
+                    if self._spill(msg):
+                        return True
+                except OSError as exc:
+                    self._cannot_spill(exc)
             self._hold(msg)
             return True
         return self._spill(msg)
+
+    def _cannot_spill(self, exc: OSError) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "trainvigil: cannot write the spill file %s (%s); messages wait in memory while the broker is away, "
+                "and a kill would lose them",
+                self._spill_path,
+                exc,
+            )
 
     def _hold(self, msg: OutMsg) -> None:
         self._memory.append(msg)
@@ -310,6 +335,13 @@ class Outbox:
         """
         events = self.pending_events
         path.parent.mkdir(parents=True, exist_ok=True)
+        whole = not self._memory and self.spilled_bytes and self._spill_read == len(self._header)
+        if whole and self._header == sealed_header(broker):  # the spill file is that sealed file already
+            with open(self._spill_path, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(self._spill_path, path)
+            self.discard_spill()
+            return events
 
         def parts() -> Iterator[bytes]:
             for msg in self._memory:

@@ -186,7 +186,7 @@ class NatsPublisher:
             return
         where = self.options.spill_dir
         log.warning(
-            "trainvigil: no broker answers at %s (%s: %s); metrics are kept locally (in memory, then under %s) and "
+            "trainvigil: no broker answers at %s (%s: %s); metrics are kept locally (under %s) and "
             "sent once it answers; what is left at exit stays in %s for the next run or `vigil push`",
             self.options.nats_url,
             type(exc).__name__,
@@ -203,7 +203,7 @@ class NatsPublisher:
         opts = self.options
         log.warning(
             "trainvigil: the broker at %s turned this agent away: %s (VIGIL_NATS_CREDS=%s); metrics are kept "
-            "locally (in memory, then under %s) and sent once it accepts them; what is left at exit stays there "
+            "locally (under %s) and sent once it accepts them; what is left at exit stays there "
             "for `vigil push`",
             opts.nats_url,
             refusal(exc),

@@ -385,7 +385,7 @@ class Worker:
     def _push(self, msgs: list[OutMsg]) -> None:
         for msg in msgs:
             try:
-                held = self._outbox.push(msg)
+                held = self._outbox.push(msg, to_disk=not self._publisher.connected)
             except Exception as exc:  # the spill file cannot be written (disk full, permissions)
                 self._failed("spilling to disk", exc, "spill_error", msg.events)
                 continue

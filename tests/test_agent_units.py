@@ -342,6 +342,20 @@ def test_outbox_keeps_fifo_order_across_memory_spill_and_memory_again(tmp_path: 
     assert [m.msg_id for m in box.peek(5)] == ["id009"]
 
 
+def test_outbox_to_disk_spills_while_memory_has_room_and_holds_in_memory_when_it_cannot_write(
+    tmp_path: Path,
+) -> None:
+    box = Outbox(max_memory_bytes=10_000, spill_path=tmp_path / "a.live", max_spill_bytes=10_000)
+    assert box.push(_msg(0), to_disk=True) and box.push(_msg(1))  # behind the spilled one: on disk too
+    assert box.memory_bytes == 0 and box.pending_events == 2 and (tmp_path / "a.live").exists()
+    assert [m.msg_id for m in _drain(box)] == ["id000", "id001"]
+    (tmp_path / "file").touch()
+    nowhere = Outbox(max_memory_bytes=10_000, spill_path=tmp_path / "file" / "a.live", max_spill_bytes=10_000)
+    assert nowhere.push(_msg(2), to_disk=True)
+    assert nowhere.memory_bytes == _msg(2).size and nowhere.spilled_bytes == 0
+    assert [m.msg_id for m in _drain(nowhere)] == ["id002"]
+
+
 def test_outbox_spill_round_trips_subject_id_payload_and_events(tmp_path: Path) -> None:
     box = Outbox(max_memory_bytes=0, spill_path=tmp_path / "a.spill", max_spill_bytes=10_000)
     msg = OutMsg(subject="vigil.v1.run-ü.metrics", msg_id="r/0/h/1/ü", payload=b"\x00\xff" * 50, events=42)

@@ -223,6 +223,20 @@ def test_an_agents_spill_file_and_its_lock_are_gone_once_it_was_read_back(tmp_pa
     assert box.peek(1) and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("read_back", [0, 1])
+def test_sealing_renames_a_spill_file_that_holds_everything_else_copies(tmp_path: Path, read_back: int) -> None:
+    """Offline, every message is on disk: keeping them at exit is a rename, not a copy of up to 2 GiB."""
+    box = Outbox(max_memory_bytes=10_000, spill_path=tmp_path / "a.live", max_spill_bytes=10_000, broker="b")
+    for i in range(4):
+        box.push(OutMsg("s", f"id{i}", b"x" * 10, 1), to_disk=True)
+    inode = (tmp_path / "a.live").stat().st_ino
+    box.pop(len(box.peek(read_back)))  # one read back and acknowledged: the file holds it still
+    assert box.seal(tmp_path / "a.spill", "b") == 4 - read_back
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.spill"]
+    assert ((tmp_path / "a.spill").stat().st_ino == inode) is (not read_back)
+    assert [m.msg_id for m, _ in _frames(tmp_path / "a.spill")] == [f"id{i}" for i in range(read_back, 4)]
+
+
 def _frames(path: Path) -> list[tuple[OutMsg, int]]:
     with open(path, "rb") as f:
         read_sealed_header(f)
@@ -253,17 +267,16 @@ def test_nats_url_accepts_nats_tls_ws_wss_host_port_and_lists(url: str, tmp_path
 
 
 _SLOW_DISK = """
-import sys, time
+import os, sys, time
 import trainvigil
-from trainvigil.agents import outbox
 
-write_sealed = outbox.write_sealed
+fsync = os.fsync
 
-def slow_write_sealed(*args, **kwargs):
-    time.sleep(float(sys.argv[2]))  # a slow disk: the kept file takes this long to start
-    return write_sealed(*args, **kwargs)
+def slow_fsync(fd):
+    time.sleep(float(sys.argv[2]))  # a slow disk: what is kept takes this long to reach it
+    fsync(fd)
 
-outbox.write_sealed = slow_write_sealed
+os.fsync = slow_fsync
 agent = trainvigil.init(run_id=sys.argv[1])
 for step in range(2000):
     agent.log(step, loss=1.0)
@@ -292,21 +305,25 @@ def test_close_returns_only_once_the_kept_file_is_written_even_when_the_disk_is_
 
 
 _KILLED = """
-import sys
+import sys, time
 import trainvigil
 
-agent = trainvigil.init(run_id=sys.argv[1], max_memory_bytes=1)  # every message goes to the spill file
-for step in range(int(sys.argv[2])):
+agent = trainvigil.init(run_id=sys.argv[1], flush_interval=0.05)
+steps = int(sys.argv[2])
+for step in range(steps):
     agent.log(step, loss=1.0)
-assert agent.flush(30)  # no broker: on disk, fsynced
+deadline = time.monotonic() + 60
+while agent.stats()["pending_events"] < steps and time.monotonic() < deadline:  # sealed into messages
+    time.sleep(0.01)
 print("spilled", flush=True)
 sys.stdin.read()  # until killed
 """
 
 
 def _kill_after_spilling(run_id: str, url: str, check: Callable[[Path], None] = lambda live: None) -> Path:
-    """An agent process for the broker at ``url`` (not up) that spills N steps, runs ``check`` on its
-    spill file while it lives, then is killed: the spill file it leaves."""
+    """An agent process for the broker at ``url`` (not up) that logs N steps and waits until they are
+    sealed into messages (no flush(), no exit: while the broker is away those go to the spill file), runs
+    ``check`` on that file while it lives, then is killed: the spill file it leaves."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _KILLED, run_id, str(N)],
         env={**os.environ, "VIGIL_NATS_URL": url},
