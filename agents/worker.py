@@ -383,9 +383,12 @@ class Worker:
         self._push(self._batcher.records(self._records))
 
     def _push(self, msgs: list[OutMsg]) -> None:
+        pub = self._publisher
+        # The broker is away (not while the first connect is under way): onto disk, where a kill loses nothing.
+        away = not pub.connected and (pub.ever_connected or pub.unreachable)
         for msg in msgs:
             try:
-                held = self._outbox.push(msg, to_disk=not self._publisher.connected)
+                held = self._outbox.push(msg, to_disk=away)
             except Exception as exc:  # the spill file cannot be written (disk full, permissions)
                 self._failed("spilling to disk", exc, "spill_error", msg.events)
                 continue

@@ -97,6 +97,18 @@ def test_offline_run_keeps_its_steps_and_vigil_push_delivers_them_exactly_once(
     assert daemon.scalar("select count(*) from events where run_id = 'offline-push' and kind = 'run_end'") == 1
 
 
+def test_an_agent_whose_broker_answers_writes_nothing_to_its_spill_directory(
+    daemon: Daemon, nats_server: NatsServer, spill: Path
+) -> None:
+    """Only a broker found away sends messages to disk: a read-only home hears no warning from a healthy run."""
+    agent = trainvigil.init(run_id="online-only", nats_url=nats_server.url, flush_interval=0.01)
+    for step in range(100):
+        agent.log(step, loss=1.0)
+    assert agent.close(timeout=30)
+    assert not spill.exists()
+    wait_for(lambda: _rows(daemon, "online-only") >= 100, 30, "100 rows")
+
+
 def test_vigil_push_exits_3_when_no_broker_answers_and_keeps_the_file(spill: Path) -> None:
     kept = _run_offline("offline-nobroker", spill)
     pushed = _push(spill, f"nats://127.0.0.1:{free_port()}")
