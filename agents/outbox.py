@@ -297,6 +297,11 @@ class Outbox:
         Raises:
             OSError: the file could not be written; the outbox is unchanged.
         """
+        if not self._memory:  # all on disk already (the broker is away): no copy, an fsync
+            if self.spilled_bytes:
+                with open(self._spill_path, "rb") as f:
+                    os.fsync(f.fileno())
+            return True
         frames = [frame(msg) for msg in self._memory]
         size = sum(map(len, frames))
         if self.spilled_bytes + size > self._max_spill:

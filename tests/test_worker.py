@@ -139,6 +139,16 @@ def test_persist_moves_memory_to_disk_keeping_fifo_order_with_what_was_spilled(t
     assert [m.msg_id for m in box.peek(10)] == ["id/2", "id/3", "id/4", "id/5"]
 
 
+def test_persist_with_everything_on_disk_already_keeps_the_file_as_it_is(tmp_path: Path) -> None:
+    box = Outbox(max_memory_bytes=10_000, spill_path=tmp_path / "live", max_spill_bytes=10_000)
+    for i in range(3):
+        box.push(_msg(i), to_disk=True)
+    inode = (tmp_path / "live").stat().st_ino
+    assert box.persist() and box.persist()
+    assert (tmp_path / "live").stat().st_ino == inode, "not copied"
+    assert [m.msg_id for m in box.peek(10)] == ["id/0", "id/1", "id/2"]
+
+
 def test_persist_refuses_past_max_spill_bytes_and_keeps_memory(tmp_path: Path) -> None:
     box = Outbox(max_memory_bytes=10_000, spill_path=tmp_path / "live", max_spill_bytes=10)
     box.push(_msg(0))
