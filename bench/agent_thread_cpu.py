@@ -8,6 +8,7 @@ An idle or slow loop's agent is the case this shows: its cost is wake-ups, not s
 
     python bench/agent_thread_cpu.py                       # rates 0, 0.2, 1, 10, 660 steps/s, 12 s each
     python bench/agent_thread_cpu.py --rates 0 1 --seconds 30
+    python bench/agent_thread_cpu.py --offline --rates 10 660   # no broker: every message to the spill file
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 from _procs import start_services
 from tables import table
+
+from trainvigil.daemon.broker.embedded import free_port
 
 
 def _cpu_ns(tid: int) -> int:
@@ -41,7 +44,7 @@ def measure(rate: float, seconds: float) -> tuple[int, float, float]:
 
     agent = trainvigil.init(run_id=f"thread-cpu-{rate:g}-{os.getpid()}")
     try:
-        agent.flush(10)
+        agent.flush(10)  # offline: once the first connect failed
         time.sleep(0.5)  # past the start-up (connect, run_start)
         assert agent._worker is not None
         tid = agent._worker.thread.native_id
@@ -66,14 +69,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[0, 0.2, 1, 10, 660], help="steps per second")
     parser.add_argument("--seconds", type=float, default=12.0, help="per rate")
+    parser.add_argument(
+        "--offline", action="store_true", help="no broker (a closed port): the agent keeps everything in its spill file"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-thread-") as name, contextlib.ExitStack() as stack:
-        svc = start_services(stack, Path(name))
-        last = (os.cpu_count() or 1) - 1
-        svc.pin(last)
         os.sched_setaffinity(0, {0})
-        os.environ.update(VIGIL_NATS_URL=svc.url, VIGIL_LOG_LEVEL="warning")
-        print(f"  nats-server and the daemon on cpu {last}; training and agent on cpu 0", flush=True)
+        os.environ.update(VIGIL_LOG_LEVEL="warning", VIGIL_SPILL_DIR=str(Path(name) / "spill"))
+        if args.offline:
+            os.environ.update(VIGIL_NATS_URL=f"nats://127.0.0.1:{free_port()}", VIGIL_CLOSE_TIMEOUT="1")
+            print("  no broker (a closed port): training and agent on cpu 0", flush=True)
+        else:
+            svc = start_services(stack, Path(name))
+            last = (os.cpu_count() or 1) - 1
+            svc.pin(last)
+            os.environ.update(VIGIL_NATS_URL=svc.url)
+            print(f"  nats-server and the daemon on cpu {last}; training and agent on cpu 0", flush=True)
         rows = []
         for rate in args.rates:
             steps, cpu_ms, switches = measure(rate, args.seconds)
