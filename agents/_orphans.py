@@ -55,6 +55,8 @@ def _adopt(live: Path) -> Path | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None  # its agent is alive
+        if not live.exists():  # another adopter had the lock first, and took the file
+            return None
         sealed = live.with_suffix(SUFFIX)
         with contextlib.suppress(OSError):  # a copy the kill cut short (Outbox.persist); the file is whole
             os.unlink(live.with_name(live.name + ".tmp"))

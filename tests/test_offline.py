@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
 import re
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from support import Daemon, NatsServer, finish, run_producer, wait_for
 
 import trainvigil
-from trainvigil.agents._orphans import adopt_orphans
+from trainvigil.agents._orphans import _adopt, adopt_orphans
 from trainvigil.agents.options import AgentOptions, default_spill_dir
 from trainvigil.agents.outbox import Outbox, OutMsg, frame, read_frame, read_sealed_header, write_sealed
 from trainvigil.agents.push import upload
@@ -223,6 +224,21 @@ def test_only_spill_files_whose_lock_is_free_are_adopted_and_their_leftovers_go_
     ]
     assert [m.msg_id for m, _ in _frames(tmp_path / "dead-r0-p1-n.spill")] == [f"r/0/h/1/nonce/{i}" for i in range(3)]
     assert adopt_orphans(tmp_path) == [tmp_path / "held-r0-p1-n.spill"], "its lock is free now"
+
+
+def test_the_adopter_that_comes_second_leaves_quietly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Eight ranks on a node adopt at once: one that listed the spill file, then took the lock after the
+    first adopter had it, finds the file gone, and says nothing."""
+    live = tmp_path / "dead-r0-p1-n.live"
+    _sealed(live, 3)
+    live.with_suffix(".lock").touch()
+    with open(live.with_suffix(".lock"), "rb"):  # the second adopter opened the lock before the first ...
+        assert adopt_orphans(tmp_path) == [live.with_suffix(".spill")]  # ... took the file and removed the lock
+        live.with_suffix(".lock").touch()  # the lock as the second sees it, through the file it opened
+        caplog.set_level(logging.INFO, "trainvigil.agent")
+        assert _adopt(live) is None  # with the spill file it listed before
+    assert not caplog.records, caplog.text
+    assert [m.msg_id for m, _ in _frames(live.with_suffix(".spill"))] == [f"r/0/h/1/nonce/{i}" for i in range(3)]
 
 
 def test_an_agents_spill_file_and_its_lock_are_gone_once_it_was_read_back(tmp_path: Path) -> None:
