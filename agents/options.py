@@ -128,8 +128,9 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         heartbeat_interval: seconds between heartbeats.
         ack_timeout: seconds to wait for JetStream to acknowledge a message before resending.
         max_inflight: messages published before waiting for their acknowledgements.
-        retry_wait_initial, retry_wait_max: a failed connect or an unacknowledged publish is tried
-            again after ``retry_wait_initial`` seconds, doubling up to ``retry_wait_max``.
+        retry_wait_initial, retry_wait_max: an unacknowledged publish is tried again after
+            ``retry_wait_initial`` seconds, doubling up to ``retry_wait_max``; a broker that is away
+            is tried again every :data:`~.publisher.RECONNECT_WAIT_S`.
         close_timeout: the deadline ``close()`` gets at interpreter exit.
         enabled: ``False`` (``VIGIL_DISABLED=1``) makes every call a no-op.
         gil: sample GIL contention on a background thread and publish a ``GilSample`` per period.

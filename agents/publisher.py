@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainvigil.agent")
 
+RECONNECT_WAIT_S = 1.0
+"""How often nats-py tries a broker that is away again (the first connect too). Each try wakes the agent's
+thread several times: at 0.25 s an agent without a broker spent 3x the CPU of one with it at 10 steps/s
+(bench/README, "Offline"). A second is the flush interval's own delay."""
+
 
 class Publisher(Protocol):
     """Where the worker's messages go."""
@@ -129,7 +134,7 @@ class NatsPublisher:
                         nats_servers(opts.nats_url),
                         name=self.name,
                         connect_timeout=1,
-                        reconnect_time_wait=0.25,
+                        reconnect_time_wait=RECONNECT_WAIT_S,
                         max_reconnect_attempts=-1,
                         allow_reconnect=True,
                         disconnected_cb=on_disconnect,
