@@ -40,21 +40,30 @@ def adopt_orphans(where: Path) -> list[Path]:
     adopted: list[Path] = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(where):
-            if entry.name.endswith(LIVE):
-                with contextlib.suppress(FileNotFoundError):  # adopted, or sealed by its agent, meanwhile
-                    if (sealed := _adopt(Path(entry.path))) is not None:
-                        adopted.append(sealed)
+            if entry.name.endswith(LIVE) and (sealed := adopt(Path(entry.path))) is not None:
+                adopted.append(sealed)
     return adopted
 
 
-def _adopt(live: Path) -> Path | None:
+def adopt(live: Path) -> Path | None:
+    """The sealed file the spill file ``live`` became, when its agent is gone; else ``None``: its agent
+    lives (or had no lock file), or another adopter took it first. Never raises; a failure is logged."""
     lock = live.with_suffix(LOCK)
-    fd = os.open(lock, os.O_RDWR)  # never created here: an agent without one is left alone
+    try:
+        fd = os.open(lock, os.O_RDWR)  # never created here: an agent without one is left alone
+    except FileNotFoundError:  # no lock: adopted, or sealed by its agent, meanwhile (or never had one)
+        return None
+    except OSError as exc:
+        log.warning("trainvigil: cannot open %s: %s", lock, exc)
+        return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None  # its agent is alive
+        except OSError as exc:  # a file system without locks: no way to know
+            log.warning("trainvigil: cannot lock %s: %s", lock, exc)
+            return None
         if not live.exists():  # another adopter had the lock first, and took the file
             return None
         sealed = live.with_suffix(SUFFIX)

@@ -19,7 +19,7 @@ import pytest
 from support import Daemon, NatsServer, finish, run_producer, wait_for
 
 import trainvigil
-from trainvigil.agents._orphans import _adopt, adopt_orphans
+from trainvigil.agents._orphans import adopt, adopt_orphans
 from trainvigil.agents.options import AgentOptions, default_spill_dir
 from trainvigil.agents.outbox import Outbox, OutMsg, frame, read_frame, read_sealed_header, write_sealed
 from trainvigil.agents.push import upload
@@ -236,7 +236,7 @@ def test_the_adopter_that_comes_second_leaves_quietly(tmp_path: Path, caplog: py
         assert adopt_orphans(tmp_path) == [live.with_suffix(".spill")]  # ... took the file and removed the lock
         live.with_suffix(".lock").touch()  # the lock as the second sees it, through the file it opened
         caplog.set_level(logging.INFO, "trainvigil.agent")
-        assert _adopt(live) is None  # with the spill file it listed before
+        assert adopt(live) is None  # with the spill file it listed before
     assert not caplog.records, caplog.text
     assert [m.msg_id for m, _ in _frames(live.with_suffix(".spill"))] == [f"r/0/h/1/nonce/{i}" for i in range(3)]
 
@@ -379,6 +379,11 @@ def test_a_killed_agents_spill_file_is_adopted_and_pushed_exactly_once_but_never
 
     def not_while_it_lives(live: Path) -> None:
         assert adopt_orphans(spill) == [] and live.exists(), "a living agent's spill file is its own"
+        before = live.read_bytes()
+        by_hand = _push(live, nats_server.url)
+        assert by_hand.returncode == 2, by_hand.stderr
+        assert "is the spill file of an agent that is still running" in by_hand.stderr, by_hand.stderr
+        assert live.read_bytes() == before
 
     live = _kill_after_spilling("killed", f"nats://127.0.0.1:{free_port()}", not_while_it_lives)
     with open(live, "ab") as f:

@@ -487,7 +487,7 @@ def _push(args: argparse.Namespace) -> int:
     import asyncio
     import itertools
 
-    from trainvigil.agents._orphans import adopt_orphans
+    from trainvigil.agents._orphans import LIVE, adopt, adopt_orphans
     from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
     from trainvigil.agents.push import FileResult, PushIncompleteError, broker_key, leftovers, push
     from trainvigil.errors import ConfigError
@@ -499,6 +499,16 @@ def _push(args: argparse.Namespace) -> int:
     if where.is_dir():
         for adopted in adopt_orphans(where):
             print(f"vigil: {adopted.name}: the spill file of a killed agent, sealed for pushing", file=sys.stderr)
+    elif where.name.endswith(LIVE):  # a spill file named by hand: only once its agent is gone
+        sealed = adopt(where)
+        if sealed is None:
+            raise ConfigError(
+                f"{where} is the spill file of an agent that is still running (it sends it itself), or of one "
+                "that could not lock it; it is left untouched",
+                key="dir",
+            )
+        print(f"vigil: {sealed.name}: the spill file of a killed agent, sealed for pushing", file=sys.stderr)
+        where = sealed
     paths = leftovers(where)
     if not paths:
         print(f"vigil: nothing to push in {where}", file=sys.stderr)
