@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "in the README), and the spill files of agents that were killed, oldest first, each message with its "
         "original Nats-Msg-Id; a file is removed once JetStream acknowledged all of it. Exit 0 when everything "
         "was delivered (or there was nothing), 1 when "
-        "some files were not (they stay), 3 when no broker answered. Needs only the agent install.",
+        "some files were not (they stay), 2 when the path is wrong or names the spill file of a running agent, "
+        "3 when no broker answered. Needs only the agent install.",
     )
     push.add_argument(
         "dir",
