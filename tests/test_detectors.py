@@ -342,6 +342,30 @@ def test_straggler_windows_do_not_depend_on_how_the_first_steps_were_cut_into_me
     assert _straggler_fed({0: [1], 1: [2]}) == []
 
 
+def _two_ranks(slow: slice, factor: float) -> list[Anomaly]:
+    """Two ranks at ~32 ms a step through ``straggler`` with 2 s windows (31-step buckets), rank 1's ``slow``
+    steps ``factor`` times as long."""
+    ranks = {r: noisy(50 + r, n=400, sigma=0.03, level=0.032) for r in range(2)}
+    ranks[1][slow] *= factor
+    metrics = {r: {"step_time": st} for r, st in ranks.items()}
+    time = {r: np.cumsum(st) for r, st in ranks.items()}
+    return run_detector("straggler", metrics, time=time, chunk=8, settings={"min_seconds": 2.0})
+
+
+def test_straggler_leaves_a_ranks_first_bucket_its_warm_up_out_of_every_window() -> None:
+    """Rank 1 1.4x slower over its first 40 steps only (the clean canary's rank 1 in CI, 15 % over a dozen):
+    its first bucket alone, then the window of its first two, were both slow; no longer judged."""
+    assert _two_ranks(slice(0, 40), 1.4) == []
+    late = opened(_two_ranks(slice(100, 400), 1.4))  # the same rank slower for good, past its warm-up
+    assert [a.rank for a in late] == [1] and late[0].step is not None and 100 < late[0].step < 200
+
+
+def test_straggler_from_the_first_step_is_still_paged_a_half_window_later() -> None:
+    out = opened(_two_ranks(slice(0, 400), 1.5))
+    assert [(a.rank, a.severity) for a in out] == [(1, "page")]
+    assert out[0].step is not None and out[0].step < 31 * 4, "within two windows after its warm-up"
+
+
 # ---- kl_explode -------------------------------------------------------------------------
 
 

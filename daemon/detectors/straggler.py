@@ -12,7 +12,10 @@ rank's window is its last two buckets, judged as each bucket completes (windows 
 half a window, as in ``slowdown``). Each rank's median ``step_time`` over its window
 (checkpoint/eval steps left out) is compared with the fastest rank's over the same steps:
 score = fastest / this rank's median. Below ``warn``/``page`` in two consecutive windows
-raises an alert naming the slow rank. A slowdown of every rank is ``slowdown``'s business.
+raises an alert naming the slow rank. A rank's first bucket is its warm-up and is in no window: a
+clean two-rank canary had one rank 15 % slower than the other over its first dozen steps alone, two
+windows holding them, and was warned a straggler (CI, 1 run in 2 to 4). A slowdown of every rank is
+``slowdown``'s business.
 State is per run: it goes once every rank of its ``world_size`` has ended or the run went idle.
 """
 
@@ -44,7 +47,7 @@ class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
 
 
 class _Run:
-    __slots__ = ("bucket", "early", "last_full", "medians", "partial", "previous", "watermark", "world")
+    __slots__ = ("bucket", "early", "last_full", "medians", "partial", "previous", "warm", "watermark", "world")
 
     def __init__(self) -> None:
         self.bucket = 0
@@ -60,6 +63,8 @@ class _Run:
         self.medians: dict[int, dict[int, float]] = {}
         """bucket → rank → median, for buckets not judged yet."""
         self.previous: dict[int, int] = {}
+        self.warm: set[int] = set()
+        """Ranks past their first bucket: a rank's first is its warm-up, never judged."""
 
 
 class Straggler:
@@ -139,6 +144,9 @@ class Straggler:
             edges = np.flatnonzero(np.diff(done)) + 1
             for start, stop in zip(np.r_[0, edges], np.r_[edges, len(done)], strict=True):
                 bucket, part = int(done[start]), values[start:stop]
+                if rank not in run.warm:  # its warm-up (first allreduce, caches, compiles): in no window
+                    run.warm.add(rank)
+                    continue
                 before = run.last_full.get(rank)
                 window = np.concatenate([before[1], part]) if before is not None and before[0] == bucket - 1 else part
                 run.medians.setdefault(bucket, {})[rank] = fast_median(window)
