@@ -10,6 +10,12 @@ from pathlib import Path
 
 LOCK = ".lock"
 
+
+def lock_path(live: Path) -> Path:
+    """The lock file of the spill file ``live``."""
+    return live.with_suffix(LOCK)
+
+
 log = logging.getLogger("trainvigil.agent")
 
 
@@ -17,7 +23,7 @@ class LiveLock:
     """The lock that says an agent's spill file (``live``) is in use: held from :meth:`take` to :meth:`release`."""
 
     def __init__(self, live: Path) -> None:
-        self.path = live.with_suffix(LOCK)
+        self.path = lock_path(live)
         self._fd = -1
         self._warned = False
 

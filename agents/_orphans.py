@@ -23,8 +23,8 @@ import logging
 import os
 from pathlib import Path
 
-from ._livelock import LOCK
-from .outbox import FRAME_HEAD, frame_length, read_sealed_header
+from ._livelock import lock_path
+from .outbox import FRAME_HEAD, frame_length, read_sealed_header, temp_path
 from .push import SUFFIX
 
 LIVE = ".live"
@@ -48,7 +48,7 @@ def adopt_orphans(where: Path) -> list[Path]:
 def adopt(live: Path) -> Path | None:
     """The sealed file the spill file ``live`` became, when its agent is gone; else ``None``: its agent
     lives (or had no lock file), or another adopter took it first. Never raises; a failure is logged."""
-    lock = live.with_suffix(LOCK)
+    lock = lock_path(live)
     try:
         fd = os.open(lock, os.O_RDWR)  # never created here: an agent without one is left alone
     except FileNotFoundError:  # no lock: adopted, or sealed by its agent, meanwhile (or never had one)
@@ -68,7 +68,7 @@ def adopt(live: Path) -> Path | None:
             return None
         sealed = live.with_suffix(SUFFIX)
         with contextlib.suppress(OSError):  # a copy the kill cut short (Outbox.persist); the file is whole
-            os.unlink(live.with_name(live.name + ".tmp"))
+            os.unlink(temp_path(live))
         try:
             kept = _cut_partial_frame(live)
             if kept:

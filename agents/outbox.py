@@ -106,6 +106,11 @@ def copy_range(f: BinaryIO, start: int, end: int | None = None) -> Iterator[byte
         yield chunk
 
 
+def temp_path(path: Path) -> Path:
+    """Where the file at ``path`` is written before it is renamed into place (never a sealed file's name)."""
+    return path.with_name(path.name + ".tmp")
+
+
 def write_sealed(path: Path, broker: str, parts: Iterable[bytes]) -> None:
     """Write a sealed file at ``path``, for ``broker``, holding ``parts`` (frames), all or nothing:
     temporary name, fsync, rename.
@@ -113,7 +118,7 @@ def write_sealed(path: Path, broker: str, parts: Iterable[bytes]) -> None:
     Raises:
         OSError: nothing was written at ``path`` (an earlier file there is untouched).
     """
-    tmp = path.with_name(path.name + ".tmp")  # never matches a sealed file's suffix
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as out:
             out.write(sealed_header(broker))
@@ -155,6 +160,7 @@ class Outbox:
         self._max_memory = max_memory_bytes
         self._spill_path = spill_path
         self._max_spill = max_spill_bytes
+        self._broker = broker
         self._header = sealed_header(broker)
         self._lock = LiveLock(spill_path)
         self._warned = False  # that the spill file cannot be written while memory has room
@@ -286,6 +292,10 @@ class Outbox:
             os.unlink(self._spill_path)
         self._lock.release()
 
+    def _sync_spill(self) -> None:
+        with open(self._spill_path, "rb") as f:
+            os.fsync(f.fileno())
+
     def forget_lock(self) -> None:
         """In a forked child: close the copy of the parent's spill-file lock, which stays the parent's."""
         self._lock.forget()
@@ -299,8 +309,7 @@ class Outbox:
         """
         if not self._memory:  # all on disk already (the broker is away): no copy, an fsync
             if self.spilled_bytes:
-                with open(self._spill_path, "rb") as f:
-                    os.fsync(f.fileno())
+                self._sync_spill()
             return True
         frames = [frame(msg) for msg in self._memory]
         size = sum(map(len, frames))
@@ -308,7 +317,7 @@ class Outbox:
             return False
         self._spill_path.parent.mkdir(parents=True, exist_ok=True)
         # Memory holds the oldest messages (new ones go to the file while it has any): they go first.
-        tmp = self._spill_path.with_name(self._spill_path.name + ".tmp")
+        tmp = temp_path(self._spill_path)
         self._lock.take()
         try:
             with open(tmp, "wb") as out:
@@ -330,8 +339,8 @@ class Outbox:
         self._memory_bytes = self._memory_events = 0
         return True
 
-    def seal(self, path: Path, broker: str) -> int:
-        """Move every message still held, oldest first, into a new sealed file at ``path``, for ``broker``.
+    def seal(self, path: Path) -> int:
+        """Move every message still held, oldest first, into a new sealed file at ``path``, for this outbox's broker.
 
         Returns the events it holds; the outbox is empty afterwards.
 
@@ -340,10 +349,8 @@ class Outbox:
         """
         events = self.pending_events
         path.parent.mkdir(parents=True, exist_ok=True)
-        whole = not self._memory and self.spilled_bytes and self._spill_read == len(self._header)
-        if whole and self._header == sealed_header(broker):  # the spill file is that sealed file already
-            with open(self._spill_path, "rb") as f:
-                os.fsync(f.fileno())
+        if not self._memory and self.spilled_bytes and self._spill_read == len(self._header):
+            self._sync_spill()  # the spill file is that sealed file already: nothing read back, nothing in memory
             os.replace(self._spill_path, path)
             self.discard_spill()
             return events
@@ -355,7 +362,7 @@ class Outbox:
                 with open(self._spill_path, "rb") as f:
                     yield from copy_range(f, self._spill_read, self._spill_write)
 
-        write_sealed(path, broker, parts())
+        write_sealed(path, self._broker, parts())
         self._memory.clear()
         self._memory_bytes = self._memory_events = 0
         self.discard_spill()

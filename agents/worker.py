@@ -325,7 +325,7 @@ class Worker:
             )
             where = self.options.spill_dir
             try:
-                self._outbox.seal(where / self._sealed_name, broker_key(url))
+                self._outbox.seal(where / self._sealed_name)
             except Exception as exc:
                 log.warning(
                     "trainvigil: %d events lost: not delivered (%s) and not kept, cannot write %s: %s",

@@ -44,7 +44,7 @@ def measure(rate: float, seconds: float) -> tuple[int, float, float]:
 
     agent = trainvigil.init(run_id=f"thread-cpu-{rate:g}-{os.getpid()}")
     try:
-        agent.flush(10)  # offline: once the first connect failed
+        agent.flush(10)  # run_start delivered (offline: on disk, once the first connect failed)
         time.sleep(0.5)  # past the start-up (connect, run_start)
         assert agent._worker is not None
         tid = agent._worker.thread.native_id

@@ -259,7 +259,7 @@ def test_sealing_renames_a_spill_file_that_holds_everything_else_copies(tmp_path
         box.push(OutMsg("s", f"id{i}", b"x" * 10, 1), to_disk=True)
     inode = (tmp_path / "a.live").stat().st_ino
     box.pop(len(box.peek(read_back)))  # one read back and acknowledged: the file holds it still
-    assert box.seal(tmp_path / "a.spill", "b") == 4 - read_back
+    assert box.seal(tmp_path / "a.spill") == 4 - read_back
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.spill"]
     assert ((tmp_path / "a.spill").stat().st_ino == inode) is (not read_back)
     assert [m.msg_id for m, _ in _frames(tmp_path / "a.spill")] == [f"id{i}" for i in range(read_back, 4)]

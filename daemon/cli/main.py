@@ -497,9 +497,9 @@ def _push(args: argparse.Namespace) -> int:
     where = Path(args.dir or os.environ.get("VIGIL_SPILL_DIR") or default_spill_dir())
     if args.dir and not where.exists():
         raise ConfigError(f"{where} does not exist; pass a spill directory (VIGIL_SPILL_DIR) or file", key="dir")
+    adopted: list[Path] = []
     if where.is_dir():
-        for adopted in adopt_orphans(where):
-            print(f"vigil: {adopted.name}: the spill file of a killed agent, sealed for pushing", file=sys.stderr)
+        adopted = adopt_orphans(where)
     elif where.name.endswith(LIVE):  # a spill file named by hand: only once its agent is gone
         sealed = adopt(where)
         if sealed is None:
@@ -508,8 +508,9 @@ def _push(args: argparse.Namespace) -> int:
                 "that could not lock it; it is left untouched",
                 key="dir",
             )
-        print(f"vigil: {sealed.name}: the spill file of a killed agent, sealed for pushing", file=sys.stderr)
-        where = sealed
+        adopted, where = [sealed], sealed
+    for path in adopted:
+        print(f"vigil: {path.name}: the spill file of a killed agent, sealed for pushing", file=sys.stderr)
     paths = leftovers(where)
     if not paths:
         print(f"vigil: nothing to push in {where}", file=sys.stderr)
