@@ -47,7 +47,7 @@ class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
 
 
 class _Run:
-    __slots__ = ("bucket", "early", "last_full", "medians", "partial", "previous", "warm", "watermark", "world")
+    __slots__ = ("bucket", "early", "last_full", "medians", "partial", "previous", "watermark", "world")
 
     def __init__(self) -> None:
         self.bucket = 0
@@ -59,12 +59,11 @@ class _Run:
         self.partial: dict[int, tuple[int, np.ndarray]] = {}
         """rank → (bucket, values so far) of the bucket the rank is in."""
         self.last_full: dict[int, tuple[int, np.ndarray]] = {}
-        """rank → (bucket, values) of its latest complete bucket: the first half of its next window."""
+        """rank → (bucket, values) of its latest complete bucket: the first half of its next window. A rank's
+        first bucket is its warm-up: kept with no values, so it is in no window."""
         self.medians: dict[int, dict[int, float]] = {}
         """bucket → rank → median, for buckets not judged yet."""
         self.previous: dict[int, int] = {}
-        self.warm: set[int] = set()
-        """Ranks past their first bucket: a rank's first is its warm-up, never judged."""
 
 
 class Straggler:
@@ -144,10 +143,10 @@ class Straggler:
             edges = np.flatnonzero(np.diff(done)) + 1
             for start, stop in zip(np.r_[0, edges], np.r_[edges, len(done)], strict=True):
                 bucket, part = int(done[start]), values[start:stop]
-                if rank not in run.warm:  # its warm-up (first allreduce, caches, compiles): in no window
-                    run.warm.add(rank)
-                    continue
                 before = run.last_full.get(rank)
+                if before is None:  # its warm-up (first allreduce, caches, compiles): judged in no window
+                    run.last_full[rank] = (bucket, part[:0])
+                    continue
                 window = np.concatenate([before[1], part]) if before is not None and before[0] == bucket - 1 else part
                 run.medians.setdefault(bucket, {})[rank] = fast_median(window)
                 run.last_full[rank] = (bucket, part)
