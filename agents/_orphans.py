@@ -8,9 +8,9 @@ dies, however it dies. :func:`adopt_orphans` (the next agent, ``vigil push``) ta
 spill file it finds; when it can, the agent is gone, and the file is renamed to the sealed name the
 agent would have given it at exit (a frame cut short by the kill is cut off first).
 
-A spill file holds every message not yet read back for sending, and the messages read back before the
-kill too (they may have been delivered): those are sent again, with their ``Nats-Msg-Id``, so JetStream
-drops them within its duplicate window, and the daemon keeps one row per run, rank and step past it.
+A spill file holds every message not yet acknowledged, from its header's delivered mark on (see
+:mod:`.outbox`): the messages in flight at the kill are sent again, with their ``Nats-Msg-Id``, so
+JetStream drops those that were stored. A file whose messages were all delivered is removed.
 The spill file of an agent that could not create its lock file is left alone: without a lock it
 would look dead.
 """

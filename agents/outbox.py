@@ -5,12 +5,16 @@ the file has been read back, so replay after a reconnect is in the order of ``pu
 Only the publisher thread changes an Outbox; its counters may be read from any thread.
 
 The spill file starts with a sealed file's header (below), so a spill file whose process was killed
-is a sealed file already: :mod:`._orphans` adopts it as one.
+is a sealed file already: :mod:`._orphans` adopts it as one. Messages read back from it stay in it
+until JetStream acknowledged them; the header's *delivered mark* says how far that is, rewritten in
+place after each round, so a kill loses nothing read back and resends nothing acknowledged.
 
-:meth:`Outbox.seal` moves what is still held into a *sealed* file: :data:`SEALED_MAGIC`, a line
-naming the broker the messages were meant for, then the spill file's frames (subject,
-``Nats-Msg-Id``, payload, events), written under a temporary name and renamed, so a sealed
-file is always complete. :mod:`.push` delivers those later.
+:meth:`Outbox.seal` moves what is still held into a *sealed* file: :data:`SEALED_MAGIC`, the
+delivered mark (16 hex digits: the byte where the first frame not yet delivered starts), a line
+naming the broker the messages were meant for, then the frames (subject, ``Nats-Msg-Id``, payload,
+events), written under a temporary name and renamed, so a sealed file is always complete.
+:mod:`.push` delivers those later, moving the mark as it goes. Files of the first format
+(:data:`SEALED_MAGIC_V1`, no mark) are still read.
 """
 
 from __future__ import annotations
@@ -34,8 +38,23 @@ _EVENTS = struct.Struct("<I")
 _HEAD = _FRAME.size + _EVENTS.size
 FRAME_HEAD = _HEAD
 """The bytes of a frame before its subject: the three lengths and the events."""
-SEALED_MAGIC = b"trainvigil-spill/1\n"
-"""The first bytes of a sealed file; then the broker's URL and a newline, then the frames."""
+SEALED_MAGIC = b"trainvigil-spill/2\n"
+"""The first bytes of a sealed file; then the delivered mark and a newline, the broker's URL and a newline,
+then the frames."""
+SEALED_MAGIC_V1 = b"trainvigil-spill/1\n"
+"""The first format: no delivered mark (a partial delivery rewrites the rest)."""
+_MARK = struct.Struct("16s")
+_MARK_AT = len(SEALED_MAGIC)
+
+
+@dataclass(frozen=True, slots=True)
+class SealedHeader:
+    """What a sealed file's header says."""
+
+    broker: str
+    """The broker the messages were meant for."""
+    markable: bool
+    """The header has a delivered mark (:func:`mark_delivered`); the first format has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,27 +153,69 @@ def write_sealed(path: Path, broker: str, parts: Iterable[bytes]) -> None:
 
 
 def sealed_header(broker: str) -> bytes:
-    """The bytes a sealed file (and a spill file) starts with, naming ``broker``."""
-    return SEALED_MAGIC + broker.encode() + b"\n"
+    """The bytes a sealed file (and a spill file) starts with, naming ``broker``, nothing delivered yet."""
+    tail = b"\n" + broker.encode() + b"\n"
+    return SEALED_MAGIC + _mark(len(SEALED_MAGIC) + _MARK.size + len(tail)) + tail
 
 
-def read_sealed_header(f: BinaryIO) -> str:
-    """The broker a sealed file was meant for; ``f`` is left at its first frame.
+def _mark(at: int) -> bytes:
+    return _MARK.pack(b"%016x" % at)
+
+
+def mark_delivered(path: Path, at: int) -> None:
+    """Record in the header of the sealed (or spill) file at ``path`` that its frames before byte ``at``
+    were delivered. One write in place: a kill leaves the old mark or the new one, never a mix.
 
     Raises:
-        ValueError: ``f`` is not a sealed file.
+        OSError: the file could not be written (the old mark stays: those frames are sent again).
     """
-    if f.read(len(SEALED_MAGIC)) != SEALED_MAGIC or not (line := f.readline(4096)).endswith(b"\n"):
+    fd = os.open(path, os.O_WRONLY)  # not O_APPEND: that would write the mark at the end
+    try:
+        os.pwrite(fd, _mark(at), _MARK_AT)
+    finally:
+        os.close(fd)
+
+
+def read_sealed_header(f: BinaryIO) -> SealedHeader:
+    """What the sealed file ``f`` says of itself; ``f`` is left at its first frame not yet delivered.
+
+    Raises:
+        ValueError: ``f`` is not a sealed file, or its mark points outside it.
+    """
+    magic = f.read(len(SEALED_MAGIC))
+    mark = None
+    if magic == SEALED_MAGIC:
+        line = f.readline(_MARK.size + 1)
+        with contextlib.suppress(ValueError):
+            mark = int(line[:-1], 16) if len(line) == _MARK.size + 1 else None
+        if mark is None:
+            raise ValueError("not a trainvigil spill file: its delivered mark is unreadable")
+    elif magic != SEALED_MAGIC_V1:
         raise ValueError("not a trainvigil spill file")
-    return line[:-1].decode()
+    if not (line := f.readline(4096)).endswith(b"\n"):
+        raise ValueError("not a trainvigil spill file")
+    if mark is not None:
+        size = os.fstat(f.fileno()).st_size
+        if not f.tell() <= mark <= size:
+            raise ValueError(f"its delivered mark {mark} is outside its frames ({f.tell()}-{size})")
+        f.seek(mark)
+    return SealedHeader(line[:-1].decode(), mark is not None)
 
 
 class Outbox:
-    """Bounded FIFO; ``push`` returns ``False`` when the message had to be dropped."""
+    """Bounded FIFO; ``push`` returns ``False`` when the message had to be dropped.
+
+    What is held, oldest first: memory, then the spill file from its read position on. A message in
+    memory may be on disk too (read back from the spill file, or moved there by :meth:`persist`): the
+    file's bytes from its delivered mark to its read position are exactly those messages. The file is
+    removed once JetStream acknowledged everything in it.
+    """
 
     def __init__(self, max_memory_bytes: int, spill_path: Path, max_spill_bytes: int, broker: str = "") -> None:
         """``broker``: the :func:`~.push.broker_key` the spill file's header names (see :mod:`._orphans`)."""
-        self._memory: deque[OutMsg] = deque()
+        self._memory: deque[tuple[OutMsg, int]] = deque()
+        """Each message with where its frame ends in the spill file, or -1 when it is in memory alone."""
+        self._memory_only = 0  # messages in memory alone: sealing the spill file by a rename would lose them
         self._memory_bytes = 0
         self._memory_events = 0  # kept as a sum so readers on other threads never iterate the deque
         self._max_memory = max_memory_bytes
@@ -166,6 +227,7 @@ class Outbox:
         self._warned = False  # that the spill file cannot be written while memory has room
         self._spill_write: int = 0  # the spill file's size, 0 while there is none
         self._spill_read: int = 0  # where in it the messages not yet read back start
+        self._delivered: int = 0  # where in it the messages not yet acknowledged start (the header's mark)
         self._spilled_events = 0
 
     def __len__(self) -> int:
@@ -198,7 +260,7 @@ class Outbox:
                         return True
                 except OSError as exc:
                     self._cannot_spill(exc)
-            self._hold(msg)
+            self._hold(msg, -1)
             return True
         return self._spill(msg)
 
@@ -212,8 +274,9 @@ class Outbox:
                 exc,
             )
 
-    def _hold(self, msg: OutMsg) -> None:
-        self._memory.append(msg)
+    def _hold(self, msg: OutMsg, end: int) -> None:
+        self._memory.append((msg, end))
+        self._memory_only += end < 0
         self._memory_bytes += msg.size
         self._memory_events += msg.events
 
@@ -221,14 +284,31 @@ class Outbox:
         """The oldest ``n`` messages (fewer if fewer are held), without removing them."""
         if len(self._memory) < n and self.spilled_bytes:
             self._load(n - len(self._memory))
-        return [self._memory[i] for i in range(min(n, len(self._memory)))]
+        return [self._memory[i][0] for i in range(min(n, len(self._memory)))]
 
     def pop(self, n: int) -> None:
-        """Remove the oldest ``n`` messages (after they were acknowledged)."""
+        """Remove the oldest ``n`` messages (after they were acknowledged); the spill file's delivered mark
+        follows, and the file goes once everything in it was acknowledged."""
+        delivered = -1
         for _ in range(n):
-            msg = self._memory.popleft()
+            msg, end = self._memory.popleft()
             self._memory_bytes -= msg.size
             self._memory_events -= msg.events
+            if end < 0:
+                self._memory_only -= 1
+            else:
+                delivered = end
+        if delivered < 0:
+            return
+        self._delivered = delivered
+        if delivered == self._spill_write:
+            self.discard_spill()
+        else:
+            self._mark()
+
+    def _mark(self) -> None:
+        with contextlib.suppress(OSError):  # the old mark stays: what it covers is sent again after a kill
+            mark_delivered(self._spill_path, self._delivered)
 
     def _spill(self, msg: OutMsg) -> bool:
         data = frame(msg)
@@ -252,13 +332,13 @@ class Outbox:
                     self.discard_spill()
                 raise
         if fresh:
-            self._spill_write = self._spill_read = len(self._header)
+            self._spill_write = self._spill_read = self._delivered = len(self._header)
         self._spill_write += size
         self._spilled_events += msg.events
         return True
 
     def _load(self, n: int) -> None:
-        """Read up to ``n`` messages back from the spill file into memory.
+        """Read up to ``n`` messages back from the spill file into memory (they stay in the file too).
 
         Raises:
             SpillError: the file is gone or damaged; what it still held is forgotten.
@@ -269,8 +349,6 @@ class Outbox:
             lost = self._spilled_events
             self.discard_spill()
             raise SpillError(f"spill file {self._spill_path} unreadable: {exc!r}", lost) from exc
-        if self._spill_read >= self._spill_write:
-            self.discard_spill()
 
     def _read(self, n: int) -> None:
         with open(self._spill_path, "rb") as f:
@@ -280,14 +358,18 @@ class Outbox:
                 if item is None:
                     raise OSError(f"spill file truncated at byte {self._spill_read}")
                 msg, size = item
-                self._hold(msg)
                 self._spill_read += size
+                self._hold(msg, self._spill_read)
                 self._spilled_events -= msg.events
                 n -= 1
 
     def discard_spill(self) -> None:
-        """Forget the spill file (it has been read back in full)."""
-        self._spill_write = self._spill_read = self._spilled_events = 0
+        """Forget the spill file (everything in it was delivered, or it is given up): messages read back
+        from it stay held, in memory alone."""
+        self._spill_write = self._spill_read = self._delivered = self._spilled_events = 0
+        if self._memory_only < len(self._memory):
+            self._memory = deque((msg, -1) for msg, _ in self._memory)
+            self._memory_only = len(self._memory)
         with contextlib.suppress(OSError):  # gone already, or left behind: the next spill starts it afresh
             os.unlink(self._spill_path)
         self._lock.release()
@@ -301,22 +383,23 @@ class Outbox:
         self._lock.forget()
 
     def persist(self) -> bool:
-        """Move the messages held in memory into the spill file, order kept, and fsync it, so that
-        everything held is on disk. ``False`` when it would pass ``max_spill_bytes`` (nothing moved).
+        """Put every message held on disk, order kept, and fsync the spill file. Messages in memory stay
+        there too (a round in flight still waits for their acks). ``False`` when it would pass
+        ``max_spill_bytes`` (nothing moved).
 
         Raises:
             OSError: the file could not be written; the outbox is unchanged.
         """
-        if not self._memory:  # all on disk already (the broker is away): no copy, an fsync
-            if self.spilled_bytes:
+        if not self._memory_only:  # all on disk already (the broker is away): no copy, an fsync
+            if self._spill_write:
                 self._sync_spill()
             return True
-        frames = [frame(msg) for msg in self._memory]
+        frames = [frame(msg) for msg, _ in self._memory]
         size = sum(map(len, frames))
         if self.spilled_bytes + size > self._max_spill:
             return False
         self._spill_path.parent.mkdir(parents=True, exist_ok=True)
-        # Memory holds the oldest messages (new ones go to the file while it has any): they go first.
+        # Memory holds the oldest messages (new ones go to the file while it has any unread): they go first.
         tmp = temp_path(self._spill_path)
         self._lock.take()
         try:
@@ -333,10 +416,13 @@ class Outbox:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self._spill_write, self._spill_read = len(self._header) + size + self.spilled_bytes, len(self._header)
-        self._spilled_events += self._memory_events
-        self._memory.clear()
-        self._memory_bytes = self._memory_events = 0
+        end = self._delivered = len(self._header)
+        moved: deque[tuple[OutMsg, int]] = deque()
+        for (msg, _), data in zip(self._memory, frames, strict=True):
+            end += len(data)
+            moved.append((msg, end))
+        self._memory, self._memory_only = moved, 0
+        self._spill_write, self._spill_read = end + self.spilled_bytes, end
         return True
 
     def seal(self, path: Path) -> int:
@@ -349,21 +435,22 @@ class Outbox:
         """
         events = self.pending_events
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not self._memory and self.spilled_bytes and self._spill_read == len(self._header):
-            self._sync_spill()  # the spill file is that sealed file already: nothing read back, nothing in memory
+        if self._spill_write and not self._memory_only:
+            # The spill file from its delivered mark on holds everything: that sealed file is there already.
+            self._mark()
+            self._sync_spill()
             os.replace(self._spill_path, path)
-            self.discard_spill()
-            return events
+        else:
 
-        def parts() -> Iterator[bytes]:
-            for msg in self._memory:
-                yield frame(msg)
-            if self.spilled_bytes:
-                with open(self._spill_path, "rb") as f:
-                    yield from copy_range(f, self._spill_read, self._spill_write)
+            def parts() -> Iterator[bytes]:
+                for msg, _ in self._memory:
+                    yield frame(msg)
+                if self.spilled_bytes:
+                    with open(self._spill_path, "rb") as f:
+                        yield from copy_range(f, self._spill_read, self._spill_write)
 
-        write_sealed(path, self._broker, parts())
+            write_sealed(path, self._broker, parts())
         self._memory.clear()
-        self._memory_bytes = self._memory_events = 0
+        self._memory_only = self._memory_bytes = self._memory_events = 0
         self.discard_spill()
         return events

@@ -3,10 +3,12 @@
 Two callers share this: the next agent on the machine (on its worker thread, through its own
 connection, see :class:`~trainvigil.agents.worker.Worker`) and ``vigil push`` (:func:`push`).
 A file is claimed with an exclusive ``flock`` first, so two uploaders never send the same file
-at once; it is removed only once JetStream acknowledged every message in it. When only a
-prefix was acknowledged, the rest is written back in its place, so the next attempt resends
-only that. Every message keeps the ``Nats-Msg-Id`` it was first published with, so JetStream
-drops what it already stored within its duplicate window.
+at once; it is removed only once JetStream acknowledged every message in it. After each round,
+the file's delivered mark (:func:`~.outbox.mark_delivered`) moves past what was acknowledged, so an
+attempt cut short, even by a kill, leaves the next one only the rest to send (a file of the first
+format, without a mark, gets the rest written back in its place). Every message keeps the
+``Nats-Msg-Id`` it was first published with, so JetStream drops what it already stored within its
+duplicate window.
 
 A file names the broker its run was configured with. An agent delivers only files meant for
 its own broker (a throwaway test broker never swallows a real run's data); ``vigil push``
@@ -29,7 +31,7 @@ from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 
 from .acks import AckInbox
 from .options import nats_servers
-from .outbox import OutMsg, copy_range, read_frame, read_sealed_header, write_sealed
+from .outbox import OutMsg, copy_range, mark_delivered, read_frame, read_sealed_header, write_sealed
 
 SUFFIX = ".spill"
 """Sealed files end with this; a live spill file (``.live``) or a half-written one (``.tmp``) never does."""
@@ -182,10 +184,11 @@ async def upload(
             result.skipped = True
             return result
         try:
-            result.broker = read_sealed_header(f)
+            header = read_sealed_header(f)
         except (OSError, ValueError) as exc:
             result.error = f"{exc} (left untouched)"
             return result
+        result.broker = header.broker
         if only_for is not None and result.broker != only_for:
             result.skipped = True
             return result
@@ -205,6 +208,9 @@ async def upload(
                     result.events += msg.events
                     result.bytes += size
                     offset += size
+                if acked and header.markable:
+                    with contextlib.suppress(OSError):  # the old mark stays: those are sent again next time
+                        mark_delivered(path, offset)
                 if acked < len(batch):
                     result.error = f"not acknowledged: {error!r}"
                     break
@@ -216,7 +222,7 @@ async def upload(
                     os.unlink(path)  # under the lock: no one else can have started on it
                 except OSError as exc:
                     result.error = f"delivered, but cannot be removed ({exc.strerror}); remove it by hand"
-            elif offset > start:
+            elif offset > start and not header.markable:
                 with contextlib.suppress(OSError):  # kept whole instead: the sent part is sent again later
                     write_sealed(path, result.broker, copy_range(f, offset))
     return result

@@ -21,7 +21,15 @@ from support import Daemon, NatsServer, finish, run_producer, wait_for
 import trainvigil
 from trainvigil.agents._orphans import adopt, adopt_orphans
 from trainvigil.agents.options import AgentOptions, default_spill_dir
-from trainvigil.agents.outbox import Outbox, OutMsg, frame, read_frame, read_sealed_header, write_sealed
+from trainvigil.agents.outbox import (
+    Outbox,
+    OutMsg,
+    frame,
+    mark_delivered,
+    read_frame,
+    read_sealed_header,
+    write_sealed,
+)
 from trainvigil.agents.push import upload
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.errors import ConfigError
@@ -190,6 +198,40 @@ def test_partial_upload_keeps_only_the_unacknowledged_rest_then_removes_the_file
     assert not path.exists()
 
 
+def test_an_upload_marks_its_progress_in_the_file_itself(tmp_path: Path) -> None:
+    """A partial upload marks how far it got in the file's header, round by round: no copy of up to 2 GiB,
+    and an uploader killed mid-file (vigil push, an agent delivering leftovers) does not resend it all."""
+    path = tmp_path / "x-r0-p1-n.spill"
+    msgs = _sealed(path, 10)
+    inode = path.stat().st_ino
+    result = asyncio.run(upload(_FakeJetStream(budget=4), path, max_inflight=3, ack_timeout=1))
+    assert result.messages == 4 and path.stat().st_ino == inode
+    assert [m.msg_id for m, _ in _frames(path)] == [m.msg_id for m in msgs[4:]]
+
+
+def test_a_delivered_mark_outside_the_file_is_an_error_and_the_file_is_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "x-r0-p1-n.spill"
+    _sealed(path, 3)
+    mark_delivered(path, 10**6)
+    before = path.read_bytes()
+    js = _FakeJetStream(budget=100)
+    result = asyncio.run(upload(js, path, max_inflight=8, ack_timeout=1))
+    assert "delivered mark 1000000 is outside" in result.error and not js.ids
+    assert path.read_bytes() == before
+
+
+def test_a_sealed_file_of_the_first_format_is_still_delivered(tmp_path: Path) -> None:
+    """Files kept by agents before the header had a delivered mark: read, and their rest rewritten."""
+    path = tmp_path / "x-r0-p1-n.spill"
+    msgs = [OutMsg("vigil.v1.r.metrics", f"r/0/h/1/nonce/{i}", bytes([i]) * 10, 1) for i in range(5)]
+    path.write_bytes(b"trainvigil-spill/1\nnats://127.0.0.1:4222\n" + b"".join(frame(m) for m in msgs))
+    first, second = _FakeJetStream(budget=2), _FakeJetStream(budget=100)
+    assert asyncio.run(upload(first, path, max_inflight=3, ack_timeout=1)).messages == 2
+    assert asyncio.run(upload(second, path, max_inflight=3, ack_timeout=1)).done
+    assert first.ids + second.ids == [m.msg_id for m in msgs]
+    assert not path.exists()
+
+
 def test_a_file_another_process_holds_is_skipped_untouched(tmp_path: Path) -> None:
     path = tmp_path / "x-r0-p1-n.spill"
     _sealed(path, 3)
@@ -241,28 +283,87 @@ def test_the_adopter_that_comes_second_leaves_quietly(tmp_path: Path, caplog: py
     assert [m.msg_id for m, _ in _frames(live.with_suffix(".spill"))] == [f"r/0/h/1/nonce/{i}" for i in range(3)]
 
 
-def test_an_agents_spill_file_and_its_lock_are_gone_once_it_was_read_back(tmp_path: Path) -> None:
+def test_an_agents_spill_file_and_its_lock_are_gone_once_it_was_read_back_and_acknowledged(tmp_path: Path) -> None:
     box = Outbox(max_memory_bytes=0, spill_path=tmp_path / "a.live", max_spill_bytes=10_000, broker="nats://b:1")
     box.push(OutMsg("s", "id", b"x", 1))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.live", "a.lock"]
     with open(tmp_path / "a.live", "rb") as f:
-        assert read_sealed_header(f) == "nats://b:1", "a spill file is a sealed file for its broker"
+        assert read_sealed_header(f).broker == "nats://b:1", "a spill file is a sealed file for its broker"
     assert adopt_orphans(tmp_path) == [], "its owner holds the lock"
-    assert box.peek(1) and not list(tmp_path.iterdir())
+    assert box.peek(1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.live", "a.lock"], "read back, not yet acknowledged"
+    box.pop(1)
+    assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("read_back", [0, 1])
-def test_sealing_renames_a_spill_file_that_holds_everything_else_copies(tmp_path: Path, read_back: int) -> None:
-    """Offline, every message is on disk: keeping them at exit is a rename, not a copy of up to 2 GiB."""
+def _killed(box: Outbox, live: Path) -> list[str]:
+    """The ids a killed ``box``'s spill file holds once adopted: what the next agent or vigil push sends."""
+    box.forget_lock()  # as the kernel does when the process dies
+    sealed = adopt(live)
+    assert sealed is not None
+    return [m.msg_id for m, _ in _frames(sealed)]
+
+
+def test_messages_read_back_for_sending_stay_on_disk_until_acknowledged(tmp_path: Path) -> None:
+    """A kill while the last messages of a spill file wait for their acks loses nothing: the file was
+    removed as soon as they were read back, so they were in memory alone (up to max_inflight messages)."""
+    live = tmp_path / "a.live"
+    box = Outbox(max_memory_bytes=10_000, spill_path=live, max_spill_bytes=10_000, broker="b")
+    for i in range(3):
+        box.push(OutMsg("s", f"id{i}", b"x" * 10, 1), to_disk=True)
+    assert [m.msg_id for m in box.peek(3)] == ["id0", "id1", "id2"]  # in flight: the whole file read back
+    assert _killed(box, live) == ["id0", "id1", "id2"]
+
+
+def test_a_killed_agents_spill_file_resends_only_what_was_not_acknowledged(tmp_path: Path) -> None:
+    """Draining a spill file records how far JetStream acknowledged it, in the file's header: a kill
+    mid-drain resends the rest, not the whole file (duplicates past JetStream's 2-minute window would be
+    stored twice: events, checkpoints, GIL samples)."""
+    live = tmp_path / "a.live"
+    box = Outbox(max_memory_bytes=10_000, spill_path=live, max_spill_bytes=10_000, broker="b")
+    for i in range(6):
+        box.push(OutMsg("s", f"id{i}", b"x" * 10, 1), to_disk=True)
+    box.pop(len(box.peek(2)))
+    box.push(OutMsg("s", "id6", b"x" * 10, 1))  # behind the spilled ones: on disk too
+    assert [m.msg_id for m in box.peek(2)] == ["id2", "id3"]  # in flight when the kill comes
+    assert _killed(box, live) == ["id2", "id3", "id4", "id5", "id6"]
+
+
+def test_persist_during_a_round_keeps_the_messages_in_flight_for_their_acks(tmp_path: Path) -> None:
+    """flush() while the broker is away moves memory to disk; a round in flight then gets its acks:
+    the messages it pops must be the ones it sent (persist emptied memory: the pop raised IndexError)."""
+    live = tmp_path / "a.live"
+    box = Outbox(max_memory_bytes=10_000, spill_path=live, max_spill_bytes=10_000, broker="b")
+    for i in range(3):
+        box.push(OutMsg("s", f"id{i}", b"x" * 10, 1))
+    assert [m.msg_id for m in box.peek(2)] == ["id0", "id1"]
+    assert box.persist()
+    box.pop(2)  # the round's two acks
+    assert [m.msg_id for m in box.peek(5)] == ["id2"]
+    assert box.pending_events == 1
+    assert _killed(box, live) == ["id2"], "persisted: on disk"
+
+
+@pytest.mark.parametrize(("read_back", "in_memory"), [(0, False), (1, False), (2, False), (0, True)])
+def test_sealing_renames_a_spill_file_that_holds_everything_else_copies(
+    tmp_path: Path, read_back: int, in_memory: bool
+) -> None:
+    """Offline, every message is on disk: keeping them at exit is a rename, not a copy of up to 2 GiB,
+    also after some were read back (acknowledged, or in flight). Only a message held in memory alone
+    (sent before the broker went away) makes it a copy."""
     box = Outbox(max_memory_bytes=10_000, spill_path=tmp_path / "a.live", max_spill_bytes=10_000, broker="b")
+    if in_memory:
+        box.push(OutMsg("s", "mem", b"x" * 10, 1))
     for i in range(4):
         box.push(OutMsg("s", f"id{i}", b"x" * 10, 1), to_disk=True)
     inode = (tmp_path / "a.live").stat().st_ino
-    box.pop(len(box.peek(read_back)))  # one read back and acknowledged: the file holds it still
-    assert box.seal(tmp_path / "a.spill") == 4 - read_back
+    box.pop(min(len(box.peek(read_back)), 1))  # acknowledged; a second one read back is in flight: still held
+    held = (["mem"] if in_memory else []) + [f"id{i}" for i in range(4)]
+    held = held[min(read_back, 1) :]
+    assert box.seal(tmp_path / "a.spill") == len(held)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.spill"]
-    assert ((tmp_path / "a.spill").stat().st_ino == inode) is (not read_back)
-    assert [m.msg_id for m, _ in _frames(tmp_path / "a.spill")] == [f"id{i}" for i in range(read_back, 4)]
+    assert ((tmp_path / "a.spill").stat().st_ino == inode) is (not in_memory)
+    assert [m.msg_id for m, _ in _frames(tmp_path / "a.spill")] == held
 
 
 def _frames(path: Path) -> list[tuple[OutMsg, int]]:

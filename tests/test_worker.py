@@ -24,7 +24,7 @@ from trainvigil.agents.acks import AckInbox
 from trainvigil.agents.batcher import CHUNK, MAX_PAYLOAD, Batcher
 from trainvigil.agents.columnar import Entry
 from trainvigil.agents.options import AgentOptions
-from trainvigil.agents.outbox import Outbox, OutMsg
+from trainvigil.agents.outbox import Outbox, OutMsg, read_frame, read_sealed_header
 from trainvigil.agents.push import FileResult
 from trainvigil.agents.worker import Worker
 from trainvigil.schemas import STREAM_SUBJECTS, Envelope, Heartbeat, Record, RunEvent, Source, StepBatch, decode
@@ -135,7 +135,10 @@ def test_persist_moves_memory_to_disk_keeping_fifo_order_with_what_was_spilled(t
     box.peek(3)
     box.pop(2)  # 0 and 1 acked; 2 in memory, older than the file's 3-5
     assert box.persist()
-    assert box.memory_bytes == 0 and box.pending_events == 4 and box.spilled_bytes > 0
+    with open(tmp_path / "live", "rb") as f:  # what a kill now would leave
+        read_sealed_header(f)
+        assert [m.msg_id for m, _ in iter(lambda: read_frame(f), None)] == ["id/2", "id/3", "id/4", "id/5"]
+    assert box.pending_events == 4
     assert [m.msg_id for m in box.peek(10)] == ["id/2", "id/3", "id/4", "id/5"]
 
 
