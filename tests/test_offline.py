@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import inspect
+import itertools
 import logging
 import os
 import re
@@ -28,12 +30,14 @@ from trainvigil.agents.outbox import (
     mark_delivered,
     read_frame,
     read_sealed_header,
+    sealed_header,
     write_sealed,
 )
-from trainvigil.agents.push import upload
+from trainvigil.agents.push import push, upload
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import StepBatch, decode
+from trainvigil.schemas import Envelope, RunEvent, Source, StepBatch, decode, encode
+from trainvigil.schemas.subjects import data_subject
 
 N = 2000
 WARNING = "no broker answers at"
@@ -498,6 +502,68 @@ def test_a_killed_agents_spill_file_is_adopted_and_pushed_exactly_once_but_never
     assert daemon.scalar("select count(distinct step) from steps where run_id = 'killed'") == N
     assert _rows(daemon, "killed") == N
     assert list(spill.iterdir()) == [], "no spill, lock or sealed file is left"
+
+
+def _event_file(path: Path, run_id: str, broker: str, count: int) -> list[int]:
+    """A sealed file of ``count`` messages of one event each (steps 0..count-1), as an agent keeps them;
+    returns where each message's frame ends."""
+    source = Source(run_id=run_id, host="h", pid=1)
+    now = time.time()
+    frames = [
+        frame(OutMsg(data_subject(run_id, "run"), f"{run_id}/0/h/1/n/{i}", encode(envelope), 1))
+        for i in range(count)
+        for envelope in [Envelope(source=source, seq=i + 1, records=[RunEvent(time=now + i, kind="note", step=i)])]
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_sealed(path, broker, frames)
+    return list(itertools.accumulate(map(len, frames), initial=len(sealed_header(broker))))[1:]
+
+
+def _delivered_mark(path: Path) -> int:
+    with open(path, "rb") as f:
+        read_sealed_header(f)
+        return f.tell()
+
+
+def test_vigil_push_killed_mid_file_resends_only_the_round_in_flight(
+    nats_server: NatsServer, spill: Path, tmp_path: Path
+) -> None:
+    """A push killed mid-file (SIGKILL: no clean-up runs) then run again past JetStream's duplicate window
+    (1 s here, 120 s by default) stores again at most the round that was in flight (its acks may have come
+    before the mark moved). Before the delivered mark, it sent the whole file again, and every event the first
+    push had delivered was stored twice."""
+    daemon = Daemon(nats_server.url, tmp_path / "data", env={"VIGIL_STREAM_DUPLICATE_WINDOW_S": "1"})
+    daemon.start()
+    try:
+        count, per_round = 5_000, inspect.signature(push).parameters["max_inflight"].default
+        path = spill / "resumed-r0-p1-n.spill"
+        ends = _event_file(path, "resumed", nats_server.url, count)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainvigil.daemon.cli", "push", str(path), "--nats", nats_server.url],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        two_rounds = ends[2 * per_round - 1]
+        try:  # killed once two rounds are marked delivered: more than one round would be stored twice
+            wait_for(lambda: proc.poll() is not None or _delivered_mark(path) >= two_rounds, 60, "two rounds", 0.005)
+        finally:
+            proc.kill()
+            _, err = proc.communicate(timeout=30)
+        assert path.exists(), f"the push ended before it could be killed: raise count ({err.decode()})"
+        stored = "select count(*) from events where run_id = 'resumed'"
+        wait_for(lambda: daemon.scalar(stored) >= 2 * per_round, 30, "the first push's events")
+        time.sleep(1.5)  # past the 1 s duplicate window: JetStream no longer drops a resent message
+        pushed = _push(path, nats_server.url)
+        assert pushed.returncode == 0, pushed.stderr
+        wait_for(
+            lambda: daemon.scalar("select count(distinct step) from events where run_id = 'resumed'") == count,
+            60,
+            f"{count} events",
+        )
+        assert count <= daemon.scalar(stored) <= count + per_round
+        assert not path.exists()
+    finally:
+        daemon.kill()
 
 
 _KILLED_PARENT = """
