@@ -501,7 +501,10 @@ class Worker:
                     await self._progressed()
                 self._pickup_pending = True
                 failed = []
-                await asyncio.to_thread(adopt_orphans, where)  # reads their frames' heads: off this loop
+                try:
+                    await asyncio.to_thread(adopt_orphans, where)  # reads their frames' heads: off this loop
+                except RuntimeError:  # the interpreter is exiting (a short script): no thread pool any more
+                    adopt_orphans(where)
                 for path in leftovers(where):
                     result = await self._publisher.deliver_file(path, broker_key(self.options.nats_url))
                     if result.error:
