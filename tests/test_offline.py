@@ -33,7 +33,7 @@ from trainvigil.agents.outbox import (
     sealed_header,
     write_sealed,
 )
-from trainvigil.agents.push import push, upload
+from trainvigil.agents.push import broker_key, push, upload
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import Envelope, RunEvent, Source, StepBatch, decode, encode
@@ -158,6 +158,27 @@ def test_next_agent_delivers_the_leftover_and_killed_agents_files_meant_for_its_
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.kill()
         server.stop()
+
+
+def test_a_script_that_exits_before_its_agent_connected_still_delivers_the_leftovers_without_an_error(
+    daemon: Daemon, nats_server: NatsServer, spill: Path
+) -> None:
+    """The agent connects on its own thread; a script that ends at once has the interpreter shutting down
+    by then, when asyncio's thread pool can no longer start: adopting killed agents' files there failed
+    with "unexpected error ... can't register atexit after shutdown" and nothing left over was sent."""
+    kept = spill / "left-r0-p1-n.spill"
+    _event_file(kept, "left-before-quick", broker_key(nats_server.url), 50)
+    quick = subprocess.run(
+        [sys.executable, "-c", "import trainvigil; trainvigil.init(run_id='quick').log(0, loss=1.0)"],
+        env={**os.environ, "VIGIL_NATS_URL": nats_server.url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert quick.returncode == 0 and "unexpected error" not in quick.stderr, quick.stderr
+    assert not kept.exists(), quick.stderr
+    stored = "select count(*) from events where run_id = 'left-before-quick'"
+    wait_for(lambda: daemon.scalar(stored) == 50, 30, "the leftover's 50 events")
 
 
 # ---- the pieces, without a broker -------------------------------------------------------------
