@@ -27,7 +27,7 @@ from trainvigil._version import __version__
 from trainvigil.schemas import Record, RunStart, Source
 from trainvigil.schemas.limits import MAX_TEXT
 
-from . import _crash, _current, faults
+from . import _crash, _current, _sigterm, faults
 from ._drops import Drops
 from ._values import clean_fields, make_event, wire_text
 from .columnar import Entry
@@ -74,6 +74,8 @@ class Agent:
         self._start()
         _live.add(self)
         _crash.install(lambda: list(_live))
+        if options.enabled and options.flush_on_sigterm:
+            _sigterm.install(lambda: list(_live))
         atexit.register(_close_at_exit, weakref.ref(self))
         multiprocessing.util.register_after_fork(self, Agent._after_mp_fork)
 

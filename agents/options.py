@@ -93,6 +93,7 @@ class _Fields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     retry_wait_initial: Positive = 0.1
     retry_wait_max: Positive = 2.0
     close_timeout: Positive = 10.0
+    flush_on_sigterm: bool = False
     enabled: bool = True
     gil: bool = False
     gil_interval: Positive = 1.0
@@ -132,6 +133,8 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
             ``retry_wait_initial`` seconds, doubling up to ``retry_wait_max``; a broker that is away
             is tried again every :data:`~.publisher.RECONNECT_WAIT_S`.
         close_timeout: the deadline ``close()`` gets at interpreter exit.
+        flush_on_sigterm: ``SIGTERM`` exits through Python (code 143) so the agent flushes first, and a rank
+            stuck in C code still dies of it (see :mod:`._sigterm`); off: ``SIGTERM`` keeps its default action.
         enabled: ``False`` (``VIGIL_DISABLED=1``) makes every call a no-op.
         gil: sample GIL contention on a background thread and publish a ``GilSample`` per period.
         gil_interval: seconds per GIL sampling period.
