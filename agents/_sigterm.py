@@ -11,7 +11,8 @@ rank stuck in C code (a collective whose peer is gone) would no longer die of ``
 watcher thread covers that: CPython's C-level handler writes the signal's number to the wakeup
 fd (:func:`signal.set_wakeup_fd`) at once, whatever the main thread does; when the Python
 handler has not run :data:`STUCK_AFTER_S` later, the watcher closes the agents itself (for up to
-:data:`CLOSE_WITHIN_S`) and ends the process with ``os._exit(143)``.
+:data:`CLOSE_WITHIN_S`) and ends the process with ``os._exit(143)``. Once the Python handler has run,
+the exit is the interpreter's, with the script's own ``atexit`` work, and the watcher stays out of it.
 
 Installed only from the main thread, and only while ``SIGTERM`` has its default action (a
 framework's or the script's own handler is left alone). When another wakeup fd is set already

@@ -284,7 +284,8 @@ class Agent:
         """Wait at most ``timeout`` seconds until everything logged before the call is safe.
 
         Returns ``True`` when all of it was acknowledged by the broker or, while the broker is
-        away, written to the spill file (fsynced; sent on reconnect, or kept at exit), and nothing
+        away or stores nothing (no stream yet), written to the spill file (fsynced; sent once it
+        acknowledges again, or kept at exit), and nothing
         was dropped so far (as for :meth:`close`: ``stats()["dropped"]`` says what). ``False`` at
         the deadline or when anything was dropped; after :meth:`close`, what ``close()`` returned.
         A disabled agent has nothing to flush: ``True``. Never raises; logging goes on meanwhile.

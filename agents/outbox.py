@@ -259,12 +259,13 @@ class Outbox:
                     if self._spill(msg):
                         return True
                 except OSError as exc:
-                    self._cannot_spill(exc)
+                    self.cannot_spill(exc)
             self._hold(msg, -1)
             return True
         return self._spill(msg)
 
-    def _cannot_spill(self, exc: OSError) -> None:
+    def cannot_spill(self, exc: OSError) -> None:
+        """Say (once) that the spill file cannot be written, so messages wait in memory."""
         if not self._warned:
             self._warned = True
             log.warning(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from trainvigil.schemas.credentials import refusal
-from trainvigil.schemas.settings import retrying
+from trainvigil.schemas.settings import quiet_backoff
 
 from .acks import AckInbox
 from .options import AgentOptions, nats_servers
@@ -125,29 +125,28 @@ class NatsPublisher:
         import nats
 
         opts = self.options
-        async for attempt in retrying(
-            Exception, attempts=None, wait_initial=opts.retry_wait_initial, wait_max=opts.retry_wait_max
-        ):
-            with attempt:
-                try:
-                    nc: NATS = await nats.connect(
-                        nats_servers(opts.nats_url),
-                        name=self.name,
-                        connect_timeout=1,
-                        reconnect_time_wait=RECONNECT_WAIT_S,
-                        max_reconnect_attempts=-1,
-                        allow_reconnect=True,
-                        disconnected_cb=on_disconnect,
-                        reconnected_cb=on_reconnect,
-                        error_cb=on_error,
-                        pending_size=16 * 2**20,
-                        **opts.access.connect_options(),
-                    )
-                except Exception as exc:
-                    self._noticed(repr(exc))
-                    self._first_failure(exc)
-                    changed()
-                    raise
+        waits = quiet_backoff(opts.retry_wait_initial, opts.retry_wait_max)  # silent: see its docstring
+        while True:
+            try:
+                nc: NATS = await nats.connect(
+                    nats_servers(opts.nats_url),
+                    name=self.name,
+                    connect_timeout=1,
+                    reconnect_time_wait=RECONNECT_WAIT_S,
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                    error_cb=on_error,
+                    pending_size=16 * 2**20,
+                    **opts.access.connect_options(),
+                )
+                break
+            except Exception as exc:
+                self._noticed(repr(exc))
+                self._first_failure(exc)
+                changed()
+            await asyncio.sleep(next(waits))
         try:
             self._inbox = await AckInbox(nc).open()
             self._ever_connected = True

@@ -11,11 +11,13 @@ asyncio thread costs a Python-bound training thread on the same core more than i
 It turns the buffers into messages with a :class:`~.batcher.Batcher` (pure), keeps them in an
 :class:`~.outbox.Outbox` (memory, then spill file) and publishes the outbox in order through a
 :class:`~.publisher.Publisher`, ``max_inflight`` messages per round trip, dropping from it only what
-the broker acknowledged. A stalled round is retried under the one retry policy
-(:func:`trainvigil.schemas.settings.retrying`). A round sent while this thread sleeps leaves its acks
-unread in the socket until it wakes (:meth:`.acks.AckInbox.hold`): at its next flush, or in a quiet
-spell at the next step, half the ack timeout at most. So it wakes once per flush (a slow loop's: twice
-per step), not once more for the acks a fraction of a millisecond after it sent.
+the broker acknowledged. A stalled round is retried with the waits of the one retry policy, silently
+(:func:`trainvigil.schemas.settings.quiet_backoff`), and until a round goes through, what is held is kept
+on disk as while the broker is away (a broker with no stream yet stores nothing). A round sent while
+this thread sleeps leaves its acks unread in the socket until it wakes (:meth:`.acks.AckInbox.hold`):
+at its next flush, or in a quiet spell at the next step, half the ack timeout at most. So it wakes once
+per flush (a slow loop's: twice per step), not once more for the acks a fraction of a millisecond after
+it sent.
 
 The training thread feels this thread only through the GIL: work comes in slices (a chunk of
 entries, one message) and a :class:`~._pacing.Pacer` between slices gives the GIL back at least
@@ -46,7 +48,7 @@ from typing import Any
 
 from trainvigil.schemas import Heartbeat, Record, RunEnd, Source, run_token
 from trainvigil.schemas.limits import MAX_NAME
-from trainvigil.schemas.settings import retrying
+from trainvigil.schemas.settings import quiet_backoff
 
 from ._alarm import Alarm
 from ._drops import Drops
@@ -145,6 +147,10 @@ class Worker:
         self._last_report = 0.0
         self._last_error = ""
         self._failures: set[str] = set()
+        self._unstored = False
+        """The last round was not acknowledged in full (no stream takes the subject, acks time out): what is
+        held is kept on disk, as while the broker is away, until a round goes through."""
+        self._said_unstored = False
         self.thread = threading.Thread(target=self._thread_main, name="trainvigil-agent", daemon=True)
 
     # ---- called from other threads -------------------------------------------------------
@@ -383,9 +389,8 @@ class Worker:
         self._push(self._batcher.records(self._records))
 
     def _push(self, msgs: list[OutMsg]) -> None:
-        pub = self._publisher
-        # The broker is away (not while the first connect is under way): onto disk, where a kill loses nothing.
-        away = not pub.connected and (pub.ever_connected or pub.unreachable)
+        # Onto disk, where a kill loses nothing, while nothing is stored (not while the first connect is under way).
+        away = self._away()
         for msg in msgs:
             try:
                 held = self._outbox.push(msg, to_disk=away)
@@ -399,6 +404,31 @@ class Worker:
         if msgs:
             self._notify()
 
+    def _away(self) -> bool:
+        """The broker is away, or answers but stores nothing: what is held belongs on disk."""
+        pub = self._publisher
+        return self._unstored or (not pub.connected and (pub.ever_connected or pub.unreachable))
+
+    def _stored_nothing(self, error: BaseException | None) -> None:
+        """A round was not acknowledged in full: everything held goes to disk (once per such spell)."""
+        if self._unstored:
+            return
+        self._unstored = True
+        if not self._said_unstored:
+            self._said_unstored = True
+            log.warning(
+                "trainvigil: the broker at %s does not acknowledge what is published (%r); messages are kept on "
+                "disk (under %s) and sent once it does",
+                self.options.nats_url,
+                error,
+                self.options.spill_dir,
+            )
+        try:
+            if not self._outbox.persist():
+                log.warning("trainvigil: the spill file would pass max_spill_bytes; messages wait in memory")
+        except OSError as exc:
+            self._outbox.cannot_spill(exc)
+
     async def _serve_flush(self, request: FlushRequest, mark: int) -> None:
         """Answer ``request`` once the first ``mark`` messages are acknowledged, or, while the broker
         is away, once every message held is on disk (fsynced); or at its deadline."""
@@ -406,7 +436,7 @@ class Worker:
             while not request.ok:
                 if self._settled >= mark:
                     request.ok = True
-                elif not self._publisher.connected:
+                elif not self._publisher.connected or self._unstored:
                     request.ok = self._outbox.persist()
                 if not request.ok and not await self._progressed(request.deadline - time.monotonic()):
                     break
@@ -427,25 +457,23 @@ class Worker:
             try:
                 try:
                     await self._round()
-                except StalledError as stalled:
-                    await self._retry(stalled)
+                except StalledError:
+                    await self._retry()
             except Exception as exc:  # the messages stay in the outbox and are tried again
                 self._failed("publishing", exc)
                 await self._progressed(self.options.retry_wait_max)
 
-    async def _retry(self, stalled: StalledError) -> None:
-        """Rounds under the retry policy until one goes through; ``stalled`` ended the first. The policy is
-        built only once a round stalls: building it costs ~40 µs, and a round that goes through needs none."""
+    async def _retry(self) -> None:
+        """Rounds under the retry policy (its waits, silent) until one goes through; the round that stalled was
+        its first attempt."""
         opts = self.options
-        first: StalledError | None = stalled
-        async for attempt in retrying(
-            StalledError, attempts=None, wait_initial=opts.retry_wait_initial, wait_max=opts.retry_wait_max
-        ):
-            with attempt:
-                if first is not None:  # the round that stalled was the policy's first attempt: it waits, then retries
-                    failed, first = first, None
-                    raise failed
+        for wait in quiet_backoff(opts.retry_wait_initial, opts.retry_wait_max):
+            await asyncio.sleep(wait)
+            try:
                 await self._round()
+            except StalledError:
+                continue
+            return
 
     async def _round(self) -> None:
         """One round trip of up to ``max_inflight`` messages.
@@ -473,7 +501,9 @@ class Worker:
         if error is not None:
             self._last_error = repr(error)
         if acked < len(msgs):
+            self._stored_nothing(error)
             raise StalledError(f"{acked} of {len(msgs)} messages acknowledged: {error!r}")
+        self._unstored = False
 
     def _hold_until(self, sending: int) -> float:
         """Until when a round's acks may wait unread for this thread's next wake, which reads them, instead of

@@ -12,7 +12,8 @@ the daemon may import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -101,3 +102,13 @@ def retrying(
         wait_jitter=wait_initial,
         wait_exp_base=2,
     )
+
+
+def quiet_backoff(wait_initial: float, wait_max: float) -> Iterator[float]:
+    """The waits of :func:`retrying`'s policy, endless, for the agent's retries: stamina reports every retry
+    through structlog, which prints to the standard output of a process that did not configure it, and the
+    agent lives in the user's training script (it says what matters once, on the ``trainvigil.agent`` logger)."""
+    wait = wait_initial
+    while True:
+        yield wait + random.uniform(0, wait_initial)
+        wait = min(2 * wait, wait_max)

@@ -587,6 +587,53 @@ def test_vigil_push_killed_mid_file_resends_only_the_round_in_flight(
         daemon.kill()
 
 
+_NO_STREAM = """
+import sys, time
+import trainvigil
+
+agent = trainvigil.init(run_id=sys.argv[1], flush_interval=0.05)
+deadline = time.monotonic() + 30
+while not agent.stats()["connected"] and time.monotonic() < deadline:  # the broker answers; no stream yet
+    time.sleep(0.01)
+for step in range(int(sys.argv[2])):
+    agent.log(step, loss=1.0)
+print("safe" if agent.flush(10) else f"not safe: {agent.stats()}", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_a_broker_that_stores_nothing_is_away_too_so_a_killed_agent_loses_nothing(
+    nats_server: NatsServer, spill: Path, tmp_path: Path
+) -> None:
+    """Training started before the daemon: the broker answers, but no stream stores the messages yet (no
+    acks). Those messages waited in memory (up to 64 MiB) and flush() could not make them safe, so a kill
+    lost them all; the agent now treats unacknowledged rounds like a broker away: to the spill file."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _NO_STREAM, "no-stream", str(N)],
+        env={**os.environ, "VIGIL_NATS_URL": nats_server.url},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        said = proc.stdout.readline()
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert said == b"safe\n", said + err[-2000:]  # and nothing before it: retries print nothing
+    assert err.count(b"does not acknowledge what is published") == 1, err[-2000:]
+    daemon = Daemon(nats_server.url, tmp_path / "data")
+    daemon.start()  # the stream exists from now on
+    try:
+        pushed = _push(spill, nats_server.url)
+        assert pushed.returncode == 0 and "the spill file of a killed agent" in pushed.stderr, pushed.stderr
+        wait_for(lambda: _rows(daemon, "no-stream") >= N, 30, f"{N} rows")
+        assert _rows(daemon, "no-stream") == N
+    finally:
+        daemon.kill()
+
+
 _KILLED_PARENT = """
 import os, sys
 import trainvigil

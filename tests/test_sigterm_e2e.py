@@ -33,8 +33,9 @@ if sys.argv[2] == "stuck, and so is a close hook":  # watch()'s last step, waiti
 if sys.argv[2].startswith("stuck"):  # in C code that never returns, as a rank in a collective whose peer is gone
     signal.siginterrupt(signal.SIGTERM, False)  # the kernel restarts the read below after the C-level handler
     r, w = os.pipe()
-    print("ready", flush=True)
-    ctypes.CDLL(None).read(r, ctypes.create_string_buffer(1), 1)
+    read, buffer = ctypes.CDLL(None).read, ctypes.create_string_buffer(1)
+    print(f"ready {r}", flush=True)
+    read(r, buffer, 1)
 print("ready", flush=True)
 while True:
     time.sleep(0.05)
@@ -51,7 +52,11 @@ def _terminated(url: str, run_id: str, mode: str, flush_on_sigterm: bool) -> tup
         stderr=subprocess.PIPE,
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        assert proc.stdout is not None
+        ready = proc.stdout.readline().split()
+        assert ready[:1] == [b"ready"]
+        if len(ready) > 1:  # the signal must find the main thread in the C call, not on its way there
+            wait_for(lambda: _blocked_reading(proc.pid, int(ready[1])), 30, "the main thread to block in read()")
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         _, err = proc.communicate(timeout=60)
@@ -59,6 +64,13 @@ def _terminated(url: str, run_id: str, mode: str, flush_on_sigterm: bool) -> tup
     finally:
         proc.kill()
         proc.wait()
+
+
+def _blocked_reading(pid: int, fd: int) -> bool:
+    """The process's main thread sleeps in a system call on ``fd`` (Linux's /proc)."""
+    task = Path(f"/proc/{pid}/task/{pid}")
+    syscall = (task / "syscall").read_text().split()
+    return (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "S" and syscall[1:2] == [hex(fd)]
 
 
 @pytest.mark.parametrize("mode", ["python", "stuck"])
