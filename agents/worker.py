@@ -414,7 +414,7 @@ class Worker:
         if self._unstored:
             return
         self._unstored = True
-        if not self._said_unstored:
+        if not self._said_unstored and self._publisher.connected:  # a broker that went away is said elsewhere
             self._said_unstored = True
             log.warning(
                 "trainvigil: the broker at %s does not acknowledge what is published (%r); messages are kept on "
@@ -431,7 +431,7 @@ class Worker:
 
     async def _serve_flush(self, request: FlushRequest, mark: int) -> None:
         """Answer ``request`` once the first ``mark`` messages are acknowledged, or, while the broker
-        is away, once every message held is on disk (fsynced); or at its deadline."""
+        is away or stores nothing, once every message held is on disk (fsynced); or at its deadline."""
         try:
             while not request.ok:
                 if self._settled >= mark:
