@@ -12,7 +12,8 @@ watcher thread covers that: CPython's C-level handler writes the signal's number
 fd (:func:`signal.set_wakeup_fd`) at once, whatever the main thread does; when the Python
 handler has not run :data:`STUCK_AFTER_S` later, the watcher closes the agents itself (for up to
 :data:`CLOSE_WITHIN_S`) and ends the process with ``os._exit(143)``. Once the Python handler has run,
-the exit is the interpreter's, with the script's own ``atexit`` work, and the watcher stays out of it.
+the exit is the interpreter's, with the script's own ``atexit`` work, and the watcher stays out of it;
+so it does when a handler set after ours owns ``SIGTERM`` (a framework's: what it does is its business).
 
 Installed only from the main thread, and only while ``SIGTERM`` has its default action (a
 framework's or the script's own handler is left alone). When another wakeup fd is set already
@@ -84,14 +85,19 @@ def install(agents: Callable[[], Iterable[Terminable]]) -> bool:
         log.info("trainvigil: flush_on_sigterm: another wakeup fd is set; a rank stuck in C code will wait for it")
     else:
         _pipe = (read, write)
-        threading.Thread(target=_watch, args=(read, agents), name="trainvigil-sigterm", daemon=True).start()
+        watch = (read, agents, handler)
+        threading.Thread(target=_watch, args=watch, name="trainvigil-sigterm", daemon=True).start()
     signal.signal(signal.SIGTERM, handler)
     _installed = True
     return True
 
 
-def _watch(read: int, agents: Callable[[], Iterable[Terminable]]) -> None:
-    """Wait for ``SIGTERM``'s byte; if the main thread has not handled it in time, close the agents and exit."""
+Handler = Callable[[int, FrameType | None], None]
+
+
+def _watch(read: int, agents: Callable[[], Iterable[Terminable]], ours: Handler) -> None:
+    """Wait for ``SIGTERM``'s byte; if the main thread has not handled it in time, close the agents and exit.
+    Not when a handler set after ours owns ``SIGTERM`` now (Lightning's for SLURM saves a checkpoint and goes on)."""
     while True:
         try:
             data = os.read(read, 64)
@@ -99,7 +105,7 @@ def _watch(read: int, agents: Callable[[], Iterable[Terminable]]) -> None:
             return
         if not data:
             return
-        if signal.SIGTERM in data:
+        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is ours:
             break
     if _handled.wait(STUCK_AFTER_S):
         return  # the main thread is exiting through Python: its exit closes the agents

@@ -104,6 +104,36 @@ def test_a_rank_stuck_in_c_code_ends_even_when_closing_its_agent_hangs_too() -> 
     assert _sigterm.STUCK_AFTER_S + 1.0 <= took < _sigterm.STUCK_AFTER_S + _sigterm.CLOSE_WITHIN_S, err
 
 
+TAKEN_OVER = """
+import ctypes, os, signal, sys, time, trainvigil
+import trainvigil.agents._sigterm as sigterm
+sigterm.STUCK_AFTER_S = 0.2
+vigil = trainvigil.init(run_id="later", flush_on_sigterm=True)
+signal.signal(signal.SIGTERM, lambda *_: print("theirs", flush=True))  # as Lightning's SLURM handler, after init()
+signal.siginterrupt(signal.SIGTERM, False)
+r, w = os.pipe()
+read, buffer = ctypes.CDLL(None).read, ctypes.create_string_buffer(1)
+print(f"ready {r}", flush=True)
+read(r, buffer, 1)  # a long C call: the framework's handler runs once it returns
+"""
+
+
+def test_a_handler_set_after_init_owns_sigterm_and_the_watcher_never_ends_the_process() -> None:
+    env = {**os.environ, "VIGIL_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
+    proc = subprocess.Popen([sys.executable, "-c", TAKEN_OVER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline().split()
+        assert ready[:1] == [b"ready"], proc.stderr.read() if proc.stderr else ""
+        wait_for(lambda: _blocked_reading(proc.pid, int(ready[1])), 30, "the main thread to block in read()")
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):  # ten times the watcher's patience, shortened to 0.2 s
+            proc.wait(2.0)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
 def test_without_flush_on_sigterm_sigterm_keeps_its_default_action() -> None:
     code, _, err = _terminated(f"nats://127.0.0.1:{free_port()}", "default", "python", flush_on_sigterm=False)
     assert code == -signal.SIGTERM, err
