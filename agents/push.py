@@ -169,9 +169,16 @@ async def publish_round(
 
 
 async def upload(
-    js: JetStream, path: Path, *, max_inflight: int, ack_timeout: float, only_for: str | None = None
+    js: JetStream,
+    path: Path,
+    *,
+    max_inflight: int,
+    ack_timeout: float,
+    only_for: str | None = None,
+    on_round: Callable[[FileResult], None] = lambda result: None,
 ) -> FileResult:
-    """Publish the sealed file at ``path`` through ``js``, oldest message first.
+    """Publish the sealed file at ``path`` through ``js``, oldest message first, calling ``on_round``
+    with what was acknowledged so far after each round that delivered something.
 
     The file is removed once every message was acknowledged; after a partial delivery (an
     error, or cancellation) only the unacknowledged rest is kept. With ``only_for`` (a
@@ -208,9 +215,11 @@ async def upload(
                     result.events += msg.events
                     result.bytes += size
                     offset += size
-                if acked and header.markable:
-                    with contextlib.suppress(OSError):  # the old mark stays: those are sent again next time
-                        mark_delivered(path, offset)
+                if acked:
+                    if header.markable:
+                        with contextlib.suppress(OSError):  # the old mark stays: those are sent again next time
+                            mark_delivered(path, offset)
+                    on_round(result)
                 if acked < len(batch):
                     result.error = f"not acknowledged: {error!r}"
                     break
@@ -233,12 +242,14 @@ async def push(
     paths: list[Path],
     *,
     on_file: Callable[[FileResult], None] = lambda result: None,
+    on_round: Callable[[FileResult], None] = lambda result: None,
     max_inflight: int = 128,
     ack_timeout: float = 10.0,
     connect_timeout: float = 5.0,
     access: BusAccess = ANONYMOUS,
 ) -> list[FileResult]:
-    """Upload ``paths`` (sealed files) to the broker at ``url``, calling ``on_file`` after each.
+    """Upload ``paths`` (sealed files) to the broker at ``url``, calling ``on_file`` after each and
+    ``on_round`` during each (see :func:`upload`).
 
     Args:
         access: an agent's credentials and the CA to trust (``VIGIL_NATS_CREDS``, ``VIGIL_NATS_TLS_CA``).
@@ -279,7 +290,7 @@ async def push(
         js = await AckInbox(nc).open()
         results = []
         for path in paths:
-            result = await upload(js, path, max_inflight=max_inflight, ack_timeout=ack_timeout)
+            result = await upload(js, path, max_inflight=max_inflight, ack_timeout=ack_timeout, on_round=on_round)
             on_file(result)
             results.append(result)
         return results

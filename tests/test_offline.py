@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import importlib
 import inspect
 import itertools
 import logging
@@ -35,6 +36,8 @@ from trainvigil.agents.outbox import (
 )
 from trainvigil.agents.push import broker_key, push, upload
 from trainvigil.daemon.broker.embedded import free_port
+from trainvigil.daemon.cli.main import EXIT_OK
+from trainvigil.daemon.cli.main import main as vigil_main
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import Envelope, RunEvent, Source, StepBatch, decode, encode
 from trainvigil.schemas.subjects import data_subject
@@ -632,6 +635,23 @@ def test_a_broker_that_stores_nothing_is_away_too_so_a_killed_agent_loses_nothin
         assert _rows(daemon, "no-stream") == N
     finally:
         daemon.kill()
+
+
+def test_vigil_push_says_how_far_a_big_file_got_while_it_goes(
+    daemon: Daemon,
+    nats_server: NatsServer,
+    spill: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cli = importlib.import_module("trainvigil.daemon.cli.main")  # the package's `main` is the function
+    monkeypatch.setattr(cli, "PUSH_PROGRESS_S", 0.0)  # a line after every round, not every 5 s
+    path = spill / "big-r0-p1-n.spill"
+    _event_file(path, "big", broker_key(nats_server.url), 1_000)
+    assert vigil_main(["push", str(path), "--nats", nats_server.url]) == EXIT_OK
+    lines = [line for line in capsys.readouterr().err.splitlines() if "sent so far" in line]
+    assert len(lines) >= 1_000 // 128, "one per round of 128 messages"
+    assert re.fullmatch(r"vigil: big-r0-p1-n.spill: [0-9.]+ MiB of [0-9.]+ MiB sent so far, 128 messages", lines[0])
 
 
 _KILLED_PARENT = """

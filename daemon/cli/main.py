@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from trainvigil.schemas.query import QueryResult
 
 EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED, EXIT_PARTIAL = 0, 1, 2, 3, 4, 5
+PUSH_PROGRESS_S = 5.0
+"""``vigil push`` says how far a file got at most this often while it goes."""
 
 RUNS_SQL = """
 SELECT r.run_id,
@@ -486,7 +488,9 @@ def _alerts(args: argparse.Namespace) -> int:
 
 def _push(args: argparse.Namespace) -> int:
     import asyncio
+    import contextlib
     import itertools
+    import time
 
     from trainvigil.agents._orphans import LIVE, adopt, adopt_orphans
     from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
@@ -529,9 +533,23 @@ def _push(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    said = [time.monotonic()]
+
+    def sending(r: FileResult) -> None:  # a big file: a line every PUSH_PROGRESS_S while it goes
+        if (now := time.monotonic()) - said[0] >= PUSH_PROGRESS_S:
+            said[0] = now
+            size = ""
+            with contextlib.suppress(OSError):
+                size = f" of {r.path.stat().st_size / 2**20:.1f} MiB"
+            print(
+                f"vigil: {r.path.name}: {r.bytes / 2**20:.1f} MiB{size} sent so far, {r.messages} messages",
+                file=sys.stderr,
+                flush=True,
+            )
+
     creds = args.nats_creds or os.environ.get("VIGIL_NATS_CREDS", "")
     bus = BusAccess(creds=creds, tls_ca=os.environ.get("VIGIL_NATS_TLS_CA", ""))
-    results = asyncio.run(push(url, paths, on_file=progress, access=bus))
+    results = asyncio.run(push(url, paths, on_file=progress, on_round=sending, access=bus))
     print(
         f"vigil: pushed {sum(r.done for r in results)} of {len(paths)} files to {url}: "
         f"{sum(r.messages for r in results)} messages, {sum(r.bytes for r in results)} bytes",
