@@ -147,7 +147,7 @@ class Straggler:
                 if before is None:  # its warm-up (first allreduce, caches, compiles): judged in no window
                     run.last_full[rank] = (bucket, part[:0])
                     continue
-                window = np.concatenate([before[1], part]) if before is not None and before[0] == bucket - 1 else part
+                window = np.concatenate([before[1], part]) if before[0] == bucket - 1 else part
                 run.medians.setdefault(bucket, {})[rank] = fast_median(window)
                 run.last_full[rank] = (bucket, part)
         run.partial[rank] = (last, values[~complete])
