@@ -52,18 +52,24 @@ def _terminated(url: str, run_id: str, mode: str, flush_on_sigterm: bool) -> tup
         stderr=subprocess.PIPE,
     )
     try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline().split()
-        assert ready[:1] == [b"ready"]
-        if len(ready) > 1:  # the signal must find the main thread in the C call, not on its way there
-            wait_for(lambda: _blocked_reading(proc.pid, int(ready[1])), 30, "the main thread to block in read()")
-        proc.send_signal(signal.SIGTERM)
+        _sigterm_when_ready(proc)
         sent = time.monotonic()
         _, err = proc.communicate(timeout=60)
         return proc.returncode, time.monotonic() - sent, err.decode()
     finally:
         proc.kill()
         proc.wait()
+
+
+def _sigterm_when_ready(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the script once it says "ready"; when it names the fd its main thread will block reading, once
+    it is blocked there: the signal must find it in the C call, not on its way there."""
+    assert proc.stdout is not None
+    ready = proc.stdout.readline().split()
+    assert ready[:1] == [b"ready"], ready
+    if len(ready) > 1:
+        wait_for(lambda: _blocked_reading(proc.pid, int(ready[1])), 30, "the main thread to block in read()")
+    proc.send_signal(signal.SIGTERM)
 
 
 def _blocked_reading(pid: int, fd: int) -> bool:
@@ -122,11 +128,7 @@ def test_a_handler_set_after_init_owns_sigterm_and_the_watcher_never_ends_the_pr
     env = {**os.environ, "VIGIL_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
     proc = subprocess.Popen([sys.executable, "-c", TAKEN_OVER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline().split()
-        assert ready[:1] == [b"ready"], proc.stderr.read() if proc.stderr else ""
-        wait_for(lambda: _blocked_reading(proc.pid, int(ready[1])), 30, "the main thread to block in read()")
-        proc.send_signal(signal.SIGTERM)
+        _sigterm_when_ready(proc)
         with pytest.raises(subprocess.TimeoutExpired):  # ten times the watcher's patience, shortened to 0.2 s
             proc.wait(2.0)
     finally:
