@@ -63,8 +63,12 @@ def test_attack_queries_during_ingest_cost_no_step_and_never_stall_commits(
         time.sleep(0.1)
     attacker.join()
     finish(producer)
-    wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'attacked'") == STEPS, 60, "every step")
+    try:
+        wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'attacked'") == STEPS, 60, "steps")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; the daemon's log ends with:\n{daemon.log.read_text()[-3000:]}") from exc
     assert daemon.scalar("select count(distinct step) from steps where run_id = 'attacked'") == STEPS
+    assert daemon.scalar("select count(*) from dead_letters") == 0, "a query's memory is no fault of a message"
     assert daemon.process.poll() is None, "the daemon was not killed"
     assert answers and all(code in (1, 4) for code in answers), f"each attack refused, cut or interrupted: {answers}"
     # While the run was still logging, commits never paused past the guard.

@@ -275,7 +275,10 @@ def _up(args: argparse.Namespace) -> int:
     configure(cfg.log_format, cfg.log_level)
     _check_data_dir(cfg.data_dir)
 
+    started: list[str] = []
+
     def ready(url: str) -> None:
+        started.append(url)
         print(
             f"vigil: daemon ready; point agents at VIGIL_NATS_URL={url}{agents_hint(cfg)} (data in {cfg.data_dir})",
             file=sys.stderr,
@@ -287,7 +290,8 @@ def _up(args: argparse.Namespace) -> int:
     try:
         anyio.run(lambda: serve(cfg, drain=args.drain, on_ready=ready), backend="asyncio")
     except Exception as exc:
-        explained = _startup_error(exc, cfg)
+        # What fails once the daemon runs is not a start-up problem (a database error then is no "cannot open").
+        explained = None if started else _startup_error(exc, cfg)
         if explained is None:
             raise
         raise explained from exc

@@ -12,7 +12,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -90,8 +90,18 @@ DROP TABLE _vigil_merged;
 (stream order), custom-metric maps are merged key by key."""
 
 
-_UNAVAILABLE = (duckdb.IOException, duckdb.OutOfMemoryException, duckdb.FatalException, OSError)
-"""Errors of the database or the disk, not of a message: retried later, never dead-lettered."""
+_UNAVAILABLE = (
+    duckdb.IOException,
+    duckdb.OutOfMemoryException,
+    duckdb.FatalException,
+    duckdb.TransactionException,
+    OSError,
+)
+"""Errors of the database or the disk, not of a message: retried later, never dead-lettered. A
+transaction error is the connection's state (a transaction a failed ROLLBACK left aborted, a
+conflict), never what a message holds."""
+_NO_TRANSACTION = "no transaction is active"
+"""DuckDB's words for a ROLLBACK after the failed statement already ended the transaction."""
 _INVALIDATED = "database has been invalidated"
 """DuckDB's words once a fatal error (a checkpoint that met a full disk) has invalidated the
 database: every connection to it fails until it is opened again."""
@@ -303,6 +313,10 @@ class Store:
             self._config["memory_limit"] = f"{memory_limit_bytes}B"
         self._lock = threading.Lock()
         self._invalidated = False
+        self._unsure = False
+        """A write failed for want of memory or disk: its connection may be stuck in an aborted
+        transaction, and its COMMIT may have committed though it raised (DuckDB does both when out
+        of memory). The next write starts on a fresh connection from the offset read back."""
         self.on_commit: Callable[[IngestBatch], None] | None = None
         """Called on the writer's thread with each batch once it is committed (the web view's live
         updates); it must return at once and never raise."""
@@ -332,15 +346,19 @@ class Store:
         except BaseException:
             con.close()  # let go of the file: the caller may report and exit, or try again later
             raise
-        self.con = con
+        self._root = con
+        """The database; readers get cursors of it, and so does the writer (:attr:`con`), which a
+        failed write can then replace without closing what the readers use."""
+        self.con = con.cursor()
         self.last_seq = self._load_offset()
-        # Highest step stored per (run, rank): a batch whose steps all lie above it (and
-        # rise within it) cannot touch an existing row, so it is appended without any
-        # per-row key lookup. Anything else takes the merge path.
-        self._max_step: dict[tuple[str, int], int] = {
-            (run, rank): int(top)
-            for run, rank, top in self.con.execute("SELECT run_id, rank, max(step) FROM steps GROUP BY ALL").fetchall()
-        }
+        self._max_step = self._load_tops()
+
+    def _load_tops(self) -> dict[tuple[str, int], int]:
+        """Highest step stored per (run, rank): a batch whose steps all lie above it (and rise within
+        it) cannot touch an existing row, so it is appended without any per-row key lookup. Anything
+        else takes the merge path."""
+        rows = self.con.execute("SELECT run_id, rank, max(step) FROM steps GROUP BY ALL").fetchall()
+        return {(run, rank): int(top) for run, rank, top in rows}
 
     def _load_offset(self) -> int:
         rows = self.con.execute(
@@ -360,7 +378,7 @@ class Store:
         if self._invalidated:
             with self._lock:
                 self._reopen()
-        return self.con.cursor()
+        return self._root.cursor()
 
     def invalidated_by(self, error: str) -> bool:
         """Whether a reader's ``error`` says DuckDB invalidated the database; if so, the next
@@ -372,7 +390,7 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
-            self.con.close()
+            self._root.close()
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -465,6 +483,7 @@ class Store:
                     "disk_full",
                 )
         self._reopen()
+        self._resume()
 
     def _reopen(self) -> None:
         """Open the database again if DuckDB invalidated it after an I/O error (under the lock)."""
@@ -472,17 +491,37 @@ class Store:
             return
         try:
             with contextlib.suppress(duckdb.Error):
-                self.con.close()
+                self._root.close()
             self._open(schema=False)
         except duckdb.Error as exc:
             raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
         self._invalidated = False
+        self._unsure = False  # opening read the offset and the top steps back
         log.info("store_reopened", path=str(self.path), last_seq=self.last_seq)
+
+    def _resume(self) -> None:
+        """After a write that failed for want of memory or disk (under the lock): a fresh writer
+        connection, and the offset read back; if that failed write's COMMIT went through after all,
+        its messages are skipped from now on and the top steps are read back too."""
+        if not self._unsure:
+            return
+        with contextlib.suppress(duckdb.Error):
+            self.con.close()  # ends any transaction left on it
+        try:
+            self.con = self._root.cursor()
+            committed = self._load_offset()
+            if committed != self.last_seq:
+                self._max_step = self._load_tops()
+                self.last_seq = committed
+        except duckdb.Error as exc:
+            raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
+        self._unsure = False
 
     def _raise_if_unavailable(self, exc: Exception) -> None:
         if self.invalidated_by(str(exc)) or isinstance(exc, duckdb.FatalException):
             self._invalidated = True
-        if self._invalidated or isinstance(exc, _UNAVAILABLE) or _disk_full(exc):
+        if self._invalidated or self._unsure or isinstance(exc, _UNAVAILABLE) or _disk_full(exc):
+            self._unsure = True  # its COMMIT may have gone through; a ROLLBACK may have failed
             raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
 
     def _apply(self, batch: IngestBatch) -> None:
@@ -517,33 +556,50 @@ class Store:
                 tops[key] = max(tops.get(key, self._max_step.get(key, -(2**63))), int(part.step.max()))
         return tops
 
+    @contextlib.contextmanager
+    def _in_transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """BEGIN, the body, COMMIT on the writer's connection; ROLLBACK when either raises. A ROLLBACK
+        that fails too (out of memory) leaves the transaction open and aborted, and a COMMIT that
+        raised may have committed: the store is then unsure, and its next write first resumes
+        (:meth:`_resume`)."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException as exc:
+            if isinstance(exc, _UNAVAILABLE):
+                self._unsure = True
+            # A failed statement may already have ended the transaction; the error to report is the first one.
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error as failed:
+                if _NO_TRANSACTION not in str(failed):
+                    self._unsure = True
+            raise
+
     def _transaction(self, batch: IngestBatch, merge: bool) -> None:
         con = self.con
         if batch.steps:
             con.register("_vigil_batch", steps_table(batch.steps))
-        con.execute("BEGIN TRANSACTION")
         try:
-            if batch.steps:
-                con.execute(_MERGE_SQL if merge else "INSERT INTO steps SELECT * FROM _vigil_batch")
-            self._write_records(batch)
-            self._write_runs(batch)
-            # The offset only moves forward, except on a recreated stream (reset_offset).
-            con.execute(
-                "INSERT INTO ingest_offsets VALUES (?, ?, ?, now()) "
-                "ON CONFLICT (consumer) DO UPDATE SET last_seq = CASE WHEN ? THEN excluded.last_seq"
-                " ELSE greatest(ingest_offsets.last_seq, excluded.last_seq) END,"
-                " stream = excluded.stream, updated_at = excluded.updated_at",
-                [self.consumer, self.stream, self._next_offset(batch), batch.reset_offset is not None],
-            )
-            con.execute("COMMIT")
-        except BaseException:
-            # A failed statement may already have ended the transaction; the error to report is the first one.
-            with contextlib.suppress(duckdb.Error):
-                con.execute("ROLLBACK")
-            raise
+            with self._in_transaction():
+                if batch.steps:
+                    con.execute(_MERGE_SQL if merge else "INSERT INTO steps SELECT * FROM _vigil_batch")
+                self._write_records(batch)
+                self._write_runs(batch)
+                # The offset only moves forward, except on a recreated stream (reset_offset).
+                con.execute(
+                    "INSERT INTO ingest_offsets VALUES (?, ?, ?, now()) "
+                    "ON CONFLICT (consumer) DO UPDATE SET last_seq = CASE WHEN ? THEN excluded.last_seq"
+                    " ELSE greatest(ingest_offsets.last_seq, excluded.last_seq) END,"
+                    " stream = excluded.stream, updated_at = excluded.updated_at",
+                    [self.consumer, self.stream, self._next_offset(batch), batch.reset_offset is not None],
+                )
         finally:
             if batch.steps:
-                con.unregister("_vigil_batch")
+                with contextlib.suppress(duckdb.Error):  # a connection left unsure is replaced anyway
+                    con.unregister("_vigil_batch")
 
     def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
         if rows:
@@ -687,17 +743,12 @@ class Store:
         """
         with self._lock:
             self._ready_to_write()
-            con = self.con
-            con.execute("BEGIN TRANSACTION")
             try:
-                self._write_canaries([result])
-                self.write_anomalies(alerts)
-                con.execute("COMMIT")
-            except BaseException as exc:
-                with contextlib.suppress(duckdb.Error):
-                    con.execute("ROLLBACK")
-                if isinstance(exc, Exception):
-                    self._raise_if_unavailable(exc)
+                with self._in_transaction():
+                    self._write_canaries([result])
+                    self.write_anomalies(alerts)
+            except Exception as exc:
+                self._raise_if_unavailable(exc)
                 raise
 
     def _write_canaries(self, results: list[CanaryResult]) -> None:
