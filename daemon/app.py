@@ -215,6 +215,7 @@ async def serve(
         config.stream.name,
         min_free_bytes=config.store.min_free_bytes,
         memory_limit_bytes=config.store.memory_limit_bytes,
+        duplicate_window_s=config.stream.duplicate_window_s,
     )
     try:
         async with anyio.create_task_group() as tg:

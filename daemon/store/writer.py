@@ -293,6 +293,7 @@ class Store:
         *,
         min_free_bytes: int = 0,
         memory_limit_bytes: int = 0,
+        duplicate_window_s: float = 120.0,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -301,6 +302,10 @@ class Store:
         self.min_free_bytes = min_free_bytes
         """Below this much free space on the data directory's disk, writes pause (queries and
         DuckDB's own checkpoint still need room)."""
+        self.resent_after_s = duplicate_window_s / 2
+        """A record made longer ago than this may come again in a message JetStream no longer knows
+        (its duplicate window, ``stream.duplicate_window_s``, is twice this: half of it for clocks
+        that differ): such records are looked up before they are stored (:meth:`_insert_once`)."""
         # No file or network access from SQL, and nobody can turn it back on (the configuration
         # is locked once open). Background allocator threads hand memory of interrupted queries
         # back to the system at once. ``memory_limit`` bounds DuckDB as a whole: queries spill
@@ -317,6 +322,7 @@ class Store:
         """A write failed for want of memory or disk: its connection may be stuck in an aborted
         transaction, and its COMMIT may have committed though it raised (DuckDB does both when out
         of memory). The next write starts on a fresh connection from the offset read back."""
+        self._names: dict[str, list[str]] = {}  # a table's columns, for _insert_once
         self.on_commit: Callable[[IngestBatch], None] | None = None
         """Called on the writer's thread with each batch once it is committed (the web view's live
         updates); it must return at once and never raise."""
@@ -606,8 +612,42 @@ class Store:
             marks = ", ".join("?" * len(rows[0]))
             self.con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
 
+    def _insert_once(self, table: str, rows: list[tuple[Any, ...]], at: int = 2) -> None:
+        """``rows`` into ``table`` (column ``at`` the record's time), less the resent ones.
+
+        An agent sends again what it holds unacknowledged: after a lost ack, or from a spill file
+        that a kill or a ``vigil push`` left half delivered, possibly days later. JetStream drops
+        the copy only within its duplicate window, so a record made before :attr:`resent_after_s`
+        ago that equals a stored row in every column (or another row here) is such a copy and is
+        skipped; rows of the same instant that differ anywhere are all kept. Recent rows are
+        appended without a lookup. The lookup reads only the stored rows within the time span of
+        the old rows (DuckDB skips the row groups outside it).
+        """
+        horizon = datetime.fromtimestamp(time.time() - self.resent_after_s, tz=UTC)
+        old = [row for row in rows if row[at] is not None and row[at] < horizon]
+        if not old:
+            self._insert(table, rows)
+            return
+        if len(old) < len(rows):
+            self._insert(table, [row for row in rows if row[at] is None or row[at] >= horizon])
+        staged = f"_vigil_old_{table}"
+        self.con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staged} AS FROM {table} LIMIT 0")
+        self._insert(staged, old)
+        same = " AND ".join(f"s.{c} IS NOT DISTINCT FROM n.{c}" for c in self._columns(table))
+        self.con.execute(
+            f"INSERT INTO {table} SELECT DISTINCT * FROM {staged} n WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {table} s WHERE s.time BETWEEN ? AND ? AND {same})",
+            [min(row[at] for row in old), max(row[at] for row in old)],
+        )
+        self.con.execute(f"DELETE FROM {staged}")
+
+    def _columns(self, table: str) -> list[str]:
+        if table not in self._names:
+            self._names[table] = [d[0] for d in self.con.execute(f"FROM {table} LIMIT 0").description]
+        return self._names[table]
+
     def _write_records(self, b: IngestBatch) -> None:
-        self._insert(
+        self._insert_once(
             "events",
             [(s.run_id, s.rank, _ts(e.time), e.kind, e.step, _json(e.fields)) for s, e in b.events]
             + [
@@ -626,7 +666,7 @@ class Store:
                 for s, r in b.run_ends
             ],
         )
-        self._insert(
+        self._insert_once(
             "heartbeats",
             [
                 (
@@ -643,8 +683,9 @@ class Store:
                 )
                 for s, h in b.heartbeats
             ],
+            at=4,
         )
-        self._insert(
+        self._insert_once(
             "gil_samples",
             [
                 (
@@ -667,7 +708,7 @@ class Store:
                 for s, g in b.gil_samples
             ],
         )
-        self._insert(
+        self._insert_once(
             "checkpoints",
             [
                 (s.run_id, s.rank, _ts(c.time), c.step, c.origin, c.path, c.algo, c.root, c.ok, _json(c.tensors))
