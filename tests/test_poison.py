@@ -212,7 +212,7 @@ def test_every_message_is_stored_or_dead_lettered_never_both_never_neither(
     kept = decode_batch([m for m in msgs if m.seq not in dead])
     expected = {
         "events": _once(
-            [(_at(e.time), s.run_id, s.rank, e.kind, e.step, _text(e.fields)) for s, e in kept.events],
+            [(_at(e.time), s.run_id, s.rank, e.kind, e.step, _as_json(e.fields)) for s, e in kept.events],
             store.resent_after_s,
         ),
         "heartbeats": _once(
@@ -227,7 +227,7 @@ def test_every_message_is_stored_or_dead_lettered_never_both_never_neither(
                     h.buffered,
                     h.spilled_bytes,
                     h.connected,
-                    _text(h.dropped),
+                    _as_json(h.dropped),
                 )
                 for s, h in kept.heartbeats
             ],
@@ -248,7 +248,7 @@ def _at(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)  # to the microsecond, as stored
 
 
-def _text(value: Any) -> bytes:
+def _as_json(value: Any) -> bytes:
     return msgspec.json.encode(value, enc_hook=repr)  # a JSON column's text, as stored
 
 
