@@ -50,11 +50,15 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 
 def _events(first_seq: int, n: int) -> IngestBatch:
-    """``n`` run events, each with a 2 KiB field, at stream sequences from ``first_seq``."""
-    event = encode(
-        Envelope(source=Source(run_id="r"), records=[RunEvent(time=1.7e9, kind="k", fields={"pad": "x" * 2048})])
+    """``n`` run events, each with a 2 KiB field, at stream sequences from ``first_seq`` (the event's step:
+    events equal in every column would be one event sent again, stored once)."""
+    return decode_batch(
+        [
+            RawMessage("vigil.v1.r.run", encode(Envelope(source=Source(run_id="r"), records=[event])), seq)
+            for seq in range(first_seq, first_seq + n)
+            for event in [RunEvent(time=1.7e9, kind="k", step=seq, fields={"pad": "x" * 2048})]
+        ]
     )
-    return decode_batch([RawMessage("vigil.v1.r.run", event, seq) for seq in range(first_seq, first_seq + n)])
 
 
 def _fill(where: Path) -> None:
