@@ -127,8 +127,9 @@ def test_a_commit_that_raised_after_committing_is_not_applied_twice(tmp_path: Pa
 
 
 def test_batches_written_while_queries_exhaust_duckdbs_memory_are_stored_once_and_whole(tmp_path: Path) -> None:
-    """No seam: a reader runs a query that needs ~800 MiB against a 32 MiB limit, again and again."""
-    store = Store(tmp_path / "v.duckdb", memory_limit_bytes=32 * 2**20)
+    """No seam: a reader runs a query that needs ~800 MiB against the daemon's default 128 MiB limit, again
+    and again."""
+    store = Store(tmp_path / "v.duckdb", memory_limit_bytes=128 * 2**20)
     stop = threading.Event()
     refused: list[int] = []  # queries that failed
 

@@ -496,8 +496,9 @@ class Store:
         if not self._invalidated:
             return
         try:
-            with contextlib.suppress(duckdb.Error):
-                self._root.close()
+            for con in (self.con, self._root):  # the writer's cursor first: nothing is left on the closed database
+                with contextlib.suppress(duckdb.Error):
+                    con.close()
             self._open(schema=False)
         except duckdb.Error as exc:
             raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
