@@ -507,15 +507,19 @@ class Store:
         log.info("store_reopened", path=str(self.path), last_seq=self.last_seq)
 
     def _resume(self) -> None:
-        """After a write that failed for want of memory or disk (under the lock): a fresh writer
-        connection, and the offset read back; if that failed write's COMMIT went through after all,
-        its messages are skipped from now on and the top steps are read back too."""
+        """After a write that failed for want of memory or disk (under the lock): end whatever
+        transaction it left open (a ROLLBACK that fails again leaves the store unsure, to try later),
+        and read the offset back; if that write's COMMIT went through after all, its messages are
+        skipped from now on and the top steps are read back too. The connection is kept: closing
+        one left in an aborted transaction while DuckDB was out of memory crashed it (segfault)."""
         if not self._unsure:
             return
-        with contextlib.suppress(duckdb.Error):
-            self.con.close()  # ends any transaction left on it
         try:
-            self.con = self._root.cursor()
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.TransactionException as exc:
+                if _NO_TRANSACTION not in str(exc):
+                    raise
             committed = self._load_offset()
             if committed != self.last_seq:
                 self._max_step = self._load_tops()
