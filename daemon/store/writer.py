@@ -321,7 +321,7 @@ class Store:
         self._unsure = False
         """A write failed for want of memory or disk: its connection may be stuck in an aborted
         transaction, and its COMMIT may have committed though it raised (DuckDB does both when out
-        of memory). The next write starts on a fresh connection from the offset read back."""
+        of memory). The next write first rolls back on it and reads the offset back (:meth:`_resume`)."""
         self._schemas: dict[str, pa.Schema] = {}  # by table, for _insert
         self.on_commit: Callable[[IngestBatch], None] | None = None
         """Called on the writer's thread with each batch once it is committed (the web view's live
@@ -353,8 +353,7 @@ class Store:
             con.close()  # let go of the file: the caller may report and exit, or try again later
             raise
         self._root = con
-        """The database; readers get cursors of it, and so does the writer (:attr:`con`), which a
-        failed write can then replace without closing what the readers use."""
+        """The database; readers get cursors of it, and so does the writer (:attr:`con`)."""
         self.con = con.cursor()
         self.last_seq = self._load_offset()
         self._max_step = self._load_tops()
@@ -609,7 +608,7 @@ class Store:
                 )
         finally:
             if batch.steps:
-                with contextlib.suppress(duckdb.Error):  # a connection left unsure is replaced anyway
+                with contextlib.suppress(duckdb.Error):  # a connection left unsure is rolled back next write
                     con.unregister("_vigil_batch")
 
     def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
