@@ -9,6 +9,7 @@ On the wire the payload is MessagePack: fields the schema shows as base64 string
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -23,11 +24,23 @@ SCHEMA_DIR = Path(__file__).parent / "json"
 
 def schemas() -> dict[str, dict[str, Any]]:
     """File name → JSON Schema, for the envelope and every record type."""
-    out = {"envelope.schema.json": msgspec.json.schema(Envelope)}
+    out = {"envelope.schema.json": _clean(msgspec.json.schema(Envelope))}
     for record in RECORD_TYPES:
         tag = record.__struct_config__.tag
-        out[f"{tag}.schema.json"] = msgspec.json.schema(record)
+        out[f"{tag}.schema.json"] = _clean(msgspec.json.schema(record))
     return out
+
+
+def _clean(node: Any) -> Any:
+    """``node`` with every description's indentation removed (``inspect.cleandoc``): msgspec 0.22 kept
+    a docstring's indentation and 0.23 removes it, and the files must not depend on which is installed."""
+    if isinstance(node, dict):
+        return {
+            k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean(v) for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_clean(v) for v in node]
+    return node
 
 
 def render(schema: dict[str, Any]) -> str:
