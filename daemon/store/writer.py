@@ -352,9 +352,8 @@ class Store:
         except BaseException:
             con.close()  # let go of the file: the caller may report and exit, or try again later
             raise
-        self._root = con
-        """The database; readers get cursors of it, and so does the writer (:attr:`con`)."""
-        self.con = con.cursor()
+        self.con = con
+        """The writer's connection; readers get cursors of it (:meth:`cursor`)."""
         self.last_seq = self._load_offset()
         self._max_step = self._load_tops()
 
@@ -383,7 +382,7 @@ class Store:
         if self._invalidated:
             with self._lock:
                 self._reopen()
-        return self._root.cursor()
+        return self.con.cursor()
 
     def invalidated_by(self, error: str) -> bool:
         """Whether a reader's ``error`` says DuckDB invalidated the database; if so, the next
@@ -395,7 +394,7 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
-            self._root.close()
+            self.con.close()
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -495,9 +494,8 @@ class Store:
         if not self._invalidated:
             return
         try:
-            for con in (self.con, self._root):  # the writer's cursor first: nothing is left on the closed database
-                with contextlib.suppress(duckdb.Error):
-                    con.close()
+            with contextlib.suppress(duckdb.Error):
+                self.con.close()  # and the readers' cursors of it
             self._open(schema=False)
         except duckdb.Error as exc:
             raise StoreUnavailableError(str(self.path), _describe(exc), _cause(exc)) from exc
