@@ -69,25 +69,28 @@ _CANARY_V3 = (
 
 _STEP_FIELDS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]
 _EXTRA_TYPE = pa.map_(pa.string(), pa.float64())
-_MERGE_SQL = f"""
-CREATE OR REPLACE TEMP TABLE _vigil_merged AS
+
+
+def _merge_sql(batch: str) -> str:
+    """Fold the steps of view ``batch`` into rows already stored: per metric the latest non-NULL
+    value wins (stream order), custom-metric maps are merged key by key."""
+    return f"""
+CREATE TEMP TABLE {batch}_merged AS
 SELECT run_id, rank, step, max(time) AS time,
        {", ".join(f"arg_max({m}, _ord) FILTER (WHERE {m} IS NOT NULL) AS {m}" for m in KNOWN_METRICS)},
        list_reduce(list(extra ORDER BY _ord) FILTER (WHERE extra IS NOT NULL), lambda a, b: map_concat(a, b))
            AS extra
 FROM (
-    SELECT s.*, 0 AS _ord FROM steps s SEMI JOIN _vigil_batch b USING (run_id, rank, step)
+    SELECT s.*, 0 AS _ord FROM steps s SEMI JOIN {batch} b USING (run_id, rank, step)
     UNION ALL BY NAME
-    SELECT *, row_number() OVER () AS _ord FROM _vigil_batch
+    SELECT *, row_number() OVER () AS _ord FROM {batch}
 )
 GROUP BY run_id, rank, step;
-DELETE FROM steps USING _vigil_merged m
+DELETE FROM steps USING {batch}_merged m
     WHERE steps.run_id = m.run_id AND steps.rank = m.rank AND steps.step = m.step;
-INSERT INTO steps BY NAME SELECT * FROM _vigil_merged;
-DROP TABLE _vigil_merged;
+INSERT INTO steps BY NAME SELECT * FROM {batch}_merged;
+DROP TABLE {batch}_merged;
 """
-"""Fold a batch into rows already stored: per metric the latest non-NULL value wins
-(stream order), custom-metric maps are merged key by key."""
 
 
 _UNAVAILABLE = (
@@ -323,6 +326,7 @@ class Store:
         transaction, and its COMMIT may have committed though it raised (DuckDB does both when out
         of memory). The next write first rolls back on it and reads the offset back (:meth:`_resume`)."""
         self._schemas: dict[str, pa.Schema] = {}  # by table, for _insert
+        self._views = 0  # views registered so far, for their names (_registered)
         self.on_commit: Callable[[IngestBatch], None] | None = None
         """Called on the writer's thread with each batch once it is committed (the web view's live
         updates); it must return at once and never raise."""
@@ -587,27 +591,35 @@ class Store:
             raise
 
     def _transaction(self, batch: IngestBatch, merge: bool) -> None:
-        con = self.con
-        if batch.steps:
-            con.register("_vigil_batch", steps_table(batch.steps))
-        try:
-            with self._in_transaction():
-                if batch.steps:
-                    con.execute(_MERGE_SQL if merge else "INSERT INTO steps SELECT * FROM _vigil_batch")
-                self._write_records(batch)
-                self._write_runs(batch)
-                # The offset only moves forward, except on a recreated stream (reset_offset).
-                con.execute(
-                    "INSERT INTO ingest_offsets VALUES (?, ?, ?, now()) "
-                    "ON CONFLICT (consumer) DO UPDATE SET last_seq = CASE WHEN ? THEN excluded.last_seq"
-                    " ELSE greatest(ingest_offsets.last_seq, excluded.last_seq) END,"
-                    " stream = excluded.stream, updated_at = excluded.updated_at",
-                    [self.consumer, self.stream, self._next_offset(batch), batch.reset_offset is not None],
-                )
-        finally:
+        with self._in_transaction() as con:
             if batch.steps:
-                with contextlib.suppress(duckdb.Error):  # a connection left unsure is rolled back next write
-                    con.unregister("_vigil_batch")
+                with self._registered(steps_table(batch.steps)) as view:
+                    con.execute(_merge_sql(view) if merge else f"INSERT INTO steps SELECT * FROM {view}")
+            self._write_records(batch)
+            self._write_runs(batch)
+            # The offset only moves forward, except on a recreated stream (reset_offset).
+            con.execute(
+                "INSERT INTO ingest_offsets VALUES (?, ?, ?, now()) "
+                "ON CONFLICT (consumer) DO UPDATE SET last_seq = CASE WHEN ? THEN excluded.last_seq"
+                " ELSE greatest(ingest_offsets.last_seq, excluded.last_seq) END,"
+                " stream = excluded.stream, updated_at = excluded.updated_at",
+                [self.consumer, self.stream, self._next_offset(batch), batch.reset_offset is not None],
+            )
+
+    @contextlib.contextmanager
+    def _registered(self, table: pa.Table) -> Iterator[str]:
+        """``table`` as a view of the writer's connection, under a name never used before. With one
+        name for every batch, a write that ran out of memory at the wrong moment once left DuckDB
+        refusing every later view of that name ("Catalog write-write conflict on create"), rollbacks
+        notwithstanding: the daemon stopped storing anything, for good."""
+        self._views += 1
+        name = f"_vigil_view_{self._views}"
+        self.con.register(name, table)
+        try:
+            yield name
+        finally:
+            with contextlib.suppress(duckdb.Error):  # a failed transaction is rolled back, now or next write
+                self.con.unregister(name)
 
     def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
         """``rows`` (tuples in ``table``'s column order) in one statement, as an Arrow table: 50x
@@ -615,13 +627,14 @@ class Store:
         that does not fit its column raises here as it did in DuckDB, and is refused with its message."""
         if not rows:
             return
+        with self._registered(self._arrow(table, rows)) as view:
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM {view}")
+
+    def _arrow(self, table: str, rows: list[tuple[Any, ...]]) -> pa.Table:
+        """``rows`` as an Arrow table of ``table``'s own column types."""
         schema = self._schema(table)
         arrays = [pa.array(column, type=f.type) for column, f in zip(zip(*rows, strict=True), schema, strict=True)]
-        self.con.register("_vigil_rows", pa.Table.from_arrays(arrays, schema=schema))
-        try:
-            self.con.execute(f"INSERT INTO {table} SELECT * FROM _vigil_rows")
-        finally:
-            self.con.unregister("_vigil_rows")
+        return pa.Table.from_arrays(arrays, schema=schema)
 
     def _insert_once(self, table: str, rows: list[tuple[Any, ...]], at: int = 2) -> None:
         """``rows`` into ``table`` (column ``at`` the record's time), less the resent ones.
@@ -641,16 +654,13 @@ class Store:
             return
         if len(old) < len(rows):
             self._insert(table, [row for row in rows if row[at] is None or row[at] >= horizon])
-        staged = f"_vigil_old_{table}"
-        self.con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staged} AS FROM {table} LIMIT 0")
-        self._insert(staged, old)
         same = " AND ".join(f"s.{c} IS NOT DISTINCT FROM n.{c}" for c in self._schema(table).names)
-        self.con.execute(
-            f"INSERT INTO {table} SELECT DISTINCT * FROM {staged} n WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {table} s WHERE s.time BETWEEN ? AND ? AND {same})",
-            [min(row[at] for row in old), max(row[at] for row in old)],
-        )
-        self.con.execute(f"DELETE FROM {staged}")
+        with self._registered(self._arrow(table, old)) as view:
+            self.con.execute(
+                f"INSERT INTO {table} SELECT DISTINCT * FROM {view} n WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {table} s WHERE s.time BETWEEN ? AND ? AND {same})",
+                [min(row[at] for row in old), max(row[at] for row in old)],
+            )
 
     def _schema(self, table: str) -> pa.Schema:
         """``table``'s columns as Arrow types (JSON columns as strings)."""
@@ -863,10 +873,9 @@ class Store:
             table = pa.Table.from_pylist(
                 [dict(zip(_RUN_FIELDS, row, strict=True)) for row in rows], schema=_RUNS_SCHEMA
             )
-            self.con.register("_vigil_runs", table)
-            try:
+            with self._registered(table) as view:
                 self.con.execute(
-                    "INSERT INTO runs SELECT * FROM _vigil_runs ON CONFLICT (run_id) DO UPDATE SET "
+                    f"INSERT INTO runs SELECT * FROM {view} ON CONFLICT (run_id) DO UPDATE SET "
                     "first_seen = least(runs.first_seen, excluded.first_seen), "
                     "last_seen = greatest(runs.last_seen, excluded.last_seen), "
                     "world_size = greatest(runs.world_size, excluded.world_size), "
@@ -875,5 +884,3 @@ class Store:
                     "ended_at = coalesce(excluded.ended_at, runs.ended_at), "
                     "argv = coalesce(runs.argv, excluded.argv)"
                 )
-            finally:
-                self.con.unregister("_vigil_runs")
