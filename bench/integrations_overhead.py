@@ -7,10 +7,12 @@ integration (``--without``: for Lightning, its default logger in place of ours) 
 other order), against a real nats-server and daemon. The agent is started with ``trainvigil.init()``
 and has reached the broker before training starts, so its start-up is not counted (the integration
 logs through it, as it does in a script that starts its own agent). The ratio is the median over the
-pairs of each pair's ratio of median step times (each script marks its framework's step ends with
-the same hook in both arms: ``examples/integrations/_common.py``); the ratio of whole training calls
+pairs of each pair's ratio of mean step times (each script marks its framework's step ends with the
+same hook in both arms: ``examples/integrations/_common.py``); the mean, not the median, because the
+agent's thread packs and publishes once per flush interval and the few steps that pay for it are what a
+median leaves out. The ratio of median steps, and the ratio of whole training calls
 (``Trainer.train``'s ``train_runtime``; ``Trainer.fit``, ``PPO.learn``, the JAX loop and rank 0's Ray
-Train loop timed around the call) is printed beside it. nats-server and the daemon run on the machine's
+Train loop timed around the call), are printed beside it. nats-server and the daemon run on the machine's
 last core and the training on the others (``--shared`` leaves them together): on a 2-core machine the
 daemon ingesting the 'with' run took CPU from the training and its cost read as the integration's; a
 daemon is a sidecar with a core of its own.
@@ -45,7 +47,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "integrations"
 COMMANDS = {
     "transformers": ["hf_trainer.py", "{tmp}", "--steps", "200", "--layers", "2", "--width", "64", "--length", "64",
                      "--batch", "8", "--log-every", "10"],
-    "lightning": ["lightning_regression.py", "{tmp}", "--epochs", "1", "--batches", "1024", "--batch", "32",
+    "lightning": ["lightning_regression.py", "{tmp}", "--epochs", "1", "--batches", "3072", "--batch", "32",
                   "--features", "64", "--hidden", "256", "--log-every", "10", "--clip", "0"],
     "sb3": ["sb3_ppo.py", "--timesteps", "8192", "--rollout", "512"],
     "jax": ["jax_mlp.py", "{tmp}", "--steps", "2000", "--batch", "1024", "--features", "256", "--hidden", "1024"],
@@ -55,7 +57,7 @@ COMMANDS = {
 """The README's example scripts (``examples/integrations/``), at sizes where a step is the framework's work."""
 WORK = {
     "transformers": "200 steps, GPT-2 2x64",
-    "lightning": "1024 steps, MLP 64-256-1",
+    "lightning": "3072 steps, MLP 64-256-1",
     "sb3": "PPO CartPole 8192 env steps",
     "jax": "2000 steps, Flax MLP 256-1024-1",
     "ray": "2000 steps x 2 workers, DDP MLP 32-128-1",
@@ -93,19 +95,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.sched_setaffinity(0, set(cpus[:-1]))  # the training processes inherit it
             print(f"  training on cpus {cpus[:-1]}, nats-server and the daemon on cpu {cpus[-1]}", flush=True)
         for framework in args.only or list(COMMANDS):
-            step_ratios, total_ratios, steps, agent_shares = [], [], [], []
+            step_ratios, median_ratios, total_ratios, steps, agent_shares = [], [], [], [], []
             for k in range(args.repeats):
                 # ABBA: every other pair runs "with" first, so an order effect (a warmer GPU or cache, a
                 # daemon still busy with the last run) falls on both arms alike.
                 order = ("without", "with") if k % 2 == 0 else ("with", "without")
                 runs = {mode: timed(framework, mode, f"bench-{framework}-{k}", tmp, svc.url) for mode in order}
                 without, with_ = runs["without"], runs["with"]
-                step_ratios.append(with_["median_step_ms"] / without["median_step_ms"])
+                step_ratios.append(with_["mean_step_ms"] / without["mean_step_ms"])
+                median_ratios.append(with_["median_step_ms"] / without["median_step_ms"])
                 total_ratios.append(with_["seconds"] / without["seconds"])
-                steps.append((without["median_step_ms"], with_["median_step_ms"]))
+                steps.append((without["mean_step_ms"], with_["mean_step_ms"]))
                 if with_.get("agent_cpu_s") is not None:
                     agent_shares.append(with_["agent_cpu_s"] / with_["seconds"])
-                print(f"  {framework} pair {k + 1}: median step {steps[-1][0]:.3f} ms without, {steps[-1][1]:.3f} ms"
+                print(f"  {framework} pair {k + 1}: mean step {steps[-1][0]:.3f} ms without, {steps[-1][1]:.3f} ms"
                       f" with ({step_ratios[-1]:.3f}x); whole run {without['seconds']:.2f} s, {with_['seconds']:.2f} s"
                       f" ({total_ratios[-1]:.3f}x)", flush=True)  # fmt: skip
             ratio = statistics.median(step_ratios)
@@ -115,11 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 framework, WORK[framework],
                 f"{statistics.median(s[0] for s in steps):.3f}", f"{statistics.median(s[1] for s in steps):.3f}",
                 f"{ratio:.3f}x ({min(step_ratios):.3f}-{max(step_ratios):.3f})", f"{low:.3f}-{high:.3f}",
-                f"{statistics.median(total_ratios):.3f}x", share, "PASS" if ratio <= 1.01 else "FAIL",
+                f"{statistics.median(median_ratios):.3f}x", f"{statistics.median(total_ratios):.3f}x", share,
+                "PASS" if ratio <= 1.01 else "FAIL",
             ))  # fmt: skip
     print()
-    header = ("framework", "work", "step ms without", "step ms with", "step ratio (pairs' range)",
-              "median's 95 % interval", "whole run ratio", "agent thread CPU / run", "<= 1.01x")  # fmt: skip
+    header = ("framework", "work", "mean step ms without", "with", "ratio (pairs' range)", "its 95 % interval",
+              "ratio of median steps", "whole run ratio", "agent thread CPU / run", "<= 1.01x")  # fmt: skip
     print(table(header, rows))
     return 0
 
