@@ -98,7 +98,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
     block(100, None)  # warm up
     rng = random.Random(config["seed"])
-    times: dict[str, list[float]] = {"without": [], "with": [], "without_median": [], "with_median": []}
+    times: dict[str, list[tuple[float, float]]] = {"without": [], "with": []}  # (mean, median) a block
     for _ in range(config["rounds"]):
         order = ["without", "with"]
         rng.shuffle(order)
@@ -109,12 +109,10 @@ def train_loop(config: dict[str, Any]) -> None:
                     pin_agent_thread(config["agent_cpu"])
                 agent.flush(10)
                 time.sleep(config["settle"])
-                mean, median = block(config["block"], agent)
+                times[arm].append(block(config["block"], agent))
                 agent.close()
             else:
-                mean, median = block(config["block"], None)
-            times[arm].append(mean)
-            times[f"{arm}_median"].append(median)
+                times[arm].append(block(config["block"], None))
     if rank == 0:
         Path(config["out"]).write_text(json.dumps(times))
 
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"  nats-server and the daemon on cpu {last}; Ray on cpus {sorted(os.sched_getaffinity(0))}")
         ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
-        runs: list[dict[str, list[float]]] = []
+        runs: list[dict[str, list[list[float]]]] = []
         try:
             for k in range(args.runs):
                 config = {**vars(args), "seed": k, "out": str(tmp / f"times{k}.json")}
@@ -179,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, times in enumerate(runs, 1):
         name = model if args.runs == 1 else f"{model}, run {k}"
         cells: list[str] = []
-        for stat, suffix in (("mean", ""), ("median", "_median")):
-            w, wo = times[f"with{suffix}"], times[f"without{suffix}"]
+        for i, stat in enumerate(("mean", "median")):  # each block is (mean, median)
+            w, wo = [b[i] for b in times["with"]], [b[i] for b in times["without"]]
             ratios = [a / b for a, b in zip(w, wo, strict=True)]
             per_run[stat].append(statistics.median(ratios))
             low, high = median_interval(ratios)
