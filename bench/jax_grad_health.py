@@ -6,14 +6,17 @@ leaves through an ``optimization_barrier``, then a sum of squares per leaf; non-
 only on a step whose norm is not finite); its previous version (the same without the barrier: XLA
 merged its squares with Adam's and, on the CPU, wrote them out as a gradient-sized buffer); and its
 first version (a sum of squares and a count of non-finite values per leaf, both every step). Each with
-plain Adam and with ``optax.clip_by_global_norm`` before it. Blocks of each variant run in a random
-order, ``--rounds`` times; each step waits for its loss so the clock reads whole steps. A block is
-``--lead`` seconds of untimed steps and then ``--seconds`` of timed ones (as steps, from the warm-up's
-step time), so a block with an agent spans two of its flush intervals at least. The ratio is the median
-over rounds of each block's mean step to the same round's block without health, with a bootstrap 95 %
-interval; the ratio of the blocks' median steps is printed beside it. Judge by the mean: the agent's
-thread packs and publishes once per flush interval, and the few steps that pay for it are what a median
-leaves out. The health variants run with no agent: theirs is the cost inside the step.
+plain Adam and with ``optax.clip_by_global_norm`` before it. A round runs every variant once in a random
+order, each block beside one of the variant without health (before it or after, in turn), ``--rounds``
+times; each step waits for its loss so the clock reads whole steps. A block is ``--lead`` seconds of
+untimed steps and then ``--seconds`` of timed ones (as steps, from the warm-up's step time), so a block
+with an agent spans two of its flush intervals at least. The ratio is the median over rounds of each
+block's mean step to that of the block without health beside it, with a bootstrap 95 % interval. This
+machine's step drifts by a few per cent over tens of seconds, about what a round of seven variants
+lasts: until stop 44 every block was compared with its round's one block without health, and two runs of
+the same command differed by ~1 %. The ratio of the blocks' median steps is printed beside it. Judge by
+the mean: the agent's thread packs and publishes once per flush interval, and the few steps that pay for
+it are what a median leaves out. The health variants run with no agent: theirs is the cost inside the step.
 
 ``--agent`` adds the whole integration, side by side in the same process: a real nats-server and daemon
 start pinned to the machine's last core, and two more variants log every step through an agent that
@@ -35,6 +38,8 @@ difference from it is what the agent costs inside the training process.
     taskset -c 0 python bench/jax_grad_health.py     # XLA on one core
     taskset -c 0 python bench/jax_grad_health.py --agent --size larger --optimizer adam   # the whole example's cost
     taskset -c 0 python bench/jax_grad_health.py --agent --agent-cpu 1 --size larger --optimizer adam
+    taskset -c 0 python bench/jax_grad_health.py --agent --size larger --optimizer adam \
+        --only 'grad_health, logged' --only beside --rounds 40      # the whole integration, more pairs
 """
 
 from __future__ import annotations
@@ -100,13 +105,15 @@ def previous_version(grads: Any) -> dict[str, jax.Array]:
     return {"grad_norm": jnp.sqrt(squares), "grad_nonfinite": bad}
 
 
+BASE = "no health"
+"""The variant every other one is compared with: each of their blocks runs beside one of its."""
 VARIANTS: dict[str, Callable[[Any], dict[str, jax.Array]] | None] = {
-    "no health": None,
+    BASE: None,
     "grad_health": vigil_jax.grad_health,
     "previous version (no barrier)": previous_version,
     "first version (2 reductions a leaf)": first_version,
 }
-LOGGED = {"loss, logged by an agent": "no health", "grad_health, logged by an agent": "grad_health"}
+LOGGED = {"loss, logged by an agent": BASE, "grad_health, logged by an agent": "grad_health"}
 """``--agent``'s variants: name -> the variant whose step they run, with an agent logging its outputs."""
 BESIDE = "no health; the same logging from a process beside the services"
 """``--agent``'s control: the step without health while another process gives the services the same load."""
@@ -219,6 +226,54 @@ def services(wanted: bool) -> Iterator[int | None]:
         yield last
 
 
+def model_rows(
+    args: argparse.Namespace, size: str, optimizer: str, services_cpu: int | None, rng: random.Random
+) -> list[tuple[str, ...]]:
+    """The table's rows for one model and optimizer: every variant against the blocks without health beside it."""
+    batch, features, hidden = SIZES[size]
+    steps, reset = steps_for(batch, features, hidden, optimizer)
+    warm = {name: block(step, 20)[1] for name, step in steps.items()}  # compile and warm each
+    period = warm[BASE]  # the step the control logs at the rate of
+    n, lead = max(20, round(args.seconds / period)), round(args.lead / period)
+
+    def run(name: str, r: int) -> tuple[float, float]:
+        if name in LOGGED:
+            with logging_agent(f"jax-grad-health-{os.getpid()}-{size}-{r}", args.settle, args.agent_cpu) as agent:
+                return block(steps[LOGGED[name]], n, agent, lead)
+        if name == BESIDE and services_cpu is not None:
+            with logging_beside(f"jax-beside-{os.getpid()}-{size}-{r}", services_cpu, period, args.settle):
+                return block(steps[BASE], n, lead=lead)
+        return block(steps[name], n, lead=lead)
+
+    names = [name for name in (*steps, *((*LOGGED, BESIDE) if args.agent else ())) if name != BASE]
+    names = [name for name in names if not args.only or any(part in name for part in args.only)]
+    pairs: dict[str, list[tuple[tuple[float, float], tuple[float, float]]]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        order = list(names)
+        rng.shuffle(order)
+        for k, name in enumerate(order):  # each block beside one without health, before it or after in turn
+            if (r + k) % 2:
+                pairs[name].append((run(name, r), run(BASE, r)))
+            else:
+                base = run(BASE, r)
+                pairs[name].append((run(name, r), base))
+        reset()
+        print(f"  {size}, {optimizer}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
+    model = f"MLP {features}-{hidden}-1, batch {batch}"
+    bases = [b for blocks in pairs.values() for _, b in blocks]
+    rows = [(model, optimizer, BASE, f"{1e3 * statistics.median(b[0] for b in bases):.3f}", "1.000x",
+             f"{1e3 * statistics.median(b[1] for b in bases):.3f}", "1.000x")]  # fmt: skip
+    for name, blocks in pairs.items():
+        cells = []
+        for k in (0, 1):  # the blocks' means, then their medians
+            ratios = [m[k] / b[k] for m, b in blocks]
+            low, high = median_interval(ratios)
+            cells += [f"{1e3 * statistics.median(m[k] for m, _ in blocks):.3f}",
+                      f"{statistics.median(ratios):.3f}x ({low:.3f}-{high:.3f})"]  # fmt: skip
+        rows.append((model, optimizer, name, *cells))
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="random-order rounds of one block per variant")
@@ -234,42 +289,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--agent-cpu", type=int, help="with --agent: the agent thread's CPU (default: the training's)")
     parser.add_argument("--size", action="append", choices=SIZES, help="a model to run (repeatable; default all)")
     parser.add_argument("--optimizer", action="append", choices=OPTIMIZERS, help="(repeatable; default all)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="TEXT",
+        help="run only the variants whose name holds TEXT, each beside its block without health (repeatable; "
+        "e.g. --only 'grad_health, logged' --only beside, with --agent)",
+    )
     args = parser.parse_args(argv)
     rng = random.Random(0)
     rows = []
     with services(args.agent) as services_cpu:
         for size, optimizer in itertools.product(args.size or SIZES, args.optimizer or OPTIMIZERS):
-            batch, features, hidden = SIZES[size]
-            steps, reset = steps_for(batch, features, hidden, optimizer)
-            warm = {name: block(step, 20)[1] for name, step in steps.items()}  # compile and warm each
-            period = warm["no health"]  # the step the control logs at the rate of
-            n, lead = max(20, round(args.seconds / period)), round(args.lead / period)
-            names = [*steps, *((*LOGGED, BESIDE) if args.agent else ())]
-            times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-            for r in range(args.rounds):
-                order = list(names)
-                rng.shuffle(order)
-                for name in order:
-                    if name in LOGGED:
-                        run_id = f"jax-grad-health-{os.getpid()}-{size}-{r}"
-                        with logging_agent(run_id, args.settle, args.agent_cpu) as agent:
-                            times[name].append(block(steps[LOGGED[name]], n, agent, lead))
-                    elif name == BESIDE and services_cpu is not None:
-                        with logging_beside(f"jax-beside-{os.getpid()}-{size}-{r}", services_cpu, period, args.settle):
-                            times[name].append(block(steps["no health"], n, lead=lead))
-                    else:
-                        times[name].append(block(steps[name], n, lead=lead))
-                reset()
-                print(f"  {size}, {optimizer}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
-            base = times["no health"]
-            for name, blocks in times.items():
-                cells = []
-                for k in (0, 1):  # the blocks' means, then their medians
-                    ratios = [m[k] / b[k] for m, b in zip(blocks, base, strict=True)]
-                    low, high = median_interval(ratios)
-                    cells += [f"{1e3 * statistics.median(m[k] for m in blocks):.3f}",
-                              f"{statistics.median(ratios):.3f}x ({low:.3f}-{high:.3f})"]  # fmt: skip
-                rows.append((f"MLP {features}-{hidden}-1, batch {batch}", optimizer, name, *cells))
+            rows += model_rows(args, size, optimizer, services_cpu, rng)
     print()
     header = ("model", "optimizer", "variant", "mean step ms", "ratio (95 % interval)", "median step ms",
               "ratio of medians")  # fmt: skip
