@@ -246,7 +246,10 @@ def model_rows(
         return block(steps[name], n, lead=lead)
 
     names = [name for name in (*steps, *((*LOGGED, BESIDE) if args.agent else ())) if name != BASE]
-    names = [name for name in names if not args.only or any(part in name for part in args.only)]
+    chosen = [name for name in names if not args.only or any(part in name for part in args.only)]
+    if not chosen:
+        raise SystemExit(f"--only {args.only} matches none of the variants: {', '.join(names)}")
+    names = chosen
     pairs: dict[str, list[tuple[tuple[float, float], tuple[float, float]]]] = {name: [] for name in names}
     for r in range(args.rounds):
         order = list(names)
@@ -276,7 +279,12 @@ def model_rows(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=12, help="random-order rounds of one block per variant")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=12,
+        help="rounds of every variant once, in a random order, each beside a block without health",
+    )
     parser.add_argument(
         "--seconds",
         type=float,
