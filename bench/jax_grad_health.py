@@ -264,8 +264,9 @@ def model_rows(
         print(f"  {size}, {optimizer}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
     model = f"MLP {features}-{hidden}-1, batch {batch}"
     bases = [b for blocks in pairs.values() for _, b in blocks]
-    rows = [(model, optimizer, BASE, f"{1e3 * statistics.median(b[0] for b in bases):.3f}", "1.000x",
-             f"{1e3 * statistics.median(b[1] for b in bases):.3f}", "1.000x")]  # fmt: skip
+    base_cells = (f"{1e3 * statistics.median(b[0] for b in bases):.3f}", "1.000x",
+                  f"{1e3 * statistics.median(b[1] for b in bases):.3f}", "1.000x")  # fmt: skip
+    rows: list[tuple[str, ...]] = [(model, optimizer, BASE, *base_cells)]
     for name, blocks in pairs.items():
         cells = []
         for k in (0, 1):  # the blocks' means, then their medians
