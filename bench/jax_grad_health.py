@@ -254,7 +254,8 @@ def model_rows(
 
     def run(name: str, r: int) -> Block:
         if name in LOGGED:
-            with logging_agent(f"jax-grad-health-{os.getpid()}-{size}-{r}", args.settle, args.agent_cpu) as agent:
+            run_id = f"jax-grad-health-{os.getpid()}-{size}-{r}-{list(LOGGED).index(name)}"  # a run per block
+            with logging_agent(run_id, args.settle, args.agent_cpu) as agent:
                 return block(steps[LOGGED[name]], n, agent, lead)
         if name == BESIDE and services_cpu is not None:
             with logging_beside(f"jax-beside-{os.getpid()}-{size}-{r}", services_cpu, period, args.settle):
