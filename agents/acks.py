@@ -5,8 +5,10 @@ why it refused) comes back there. nats-py's ``publish_async`` does this with mac
 for at every flush, on the training's cores: a task to take its pending-count semaphore per message,
 a token of a fresh NUID and random bytes (a syscall), and each ack decoded from JSON into a dict and
 then a dataclass by reflection. Here a counter names the reply, the publish round bounds what is in
-flight, and the ack is decoded with msgspec into the three fields that matter; one wildcard
-subscription collects them (nats-py renews it after a reconnect).
+flight, and the ack is decoded with msgspec into the three fields that matter; one subscription
+collects them (nats-py renews it after a reconnect), ``<inbox>.*`` under this connection's own inbox
+prefix (``_INBOX.<user>.<connection>``, see :mod:`trainvigil.schemas.credentials`), never the user's
+``_INBOX.<user>.>``: an agent handles its own acks only.
 
 A round's acks can also be left unread for a while (:meth:`AckInbox.hold`): the agent's thread, which
 sleeps until its next flush or step anyway, then reads them when it wakes instead of waking once more for

@@ -29,6 +29,7 @@ from trainvigil.schemas.limits import MAX_TEXT
 
 from . import _crash, _current, _sigterm, faults
 from ._drops import Drops
+from ._redact import redact_argv
 from ._values import clean_fields, make_event, wire_text
 from .columnar import Entry
 from .gil import GilResult, GilSampler
@@ -96,7 +97,8 @@ class Agent:
         self._wake_at = -1  # log() wakes the worker when this many steps wait; set by the worker (_wake_on_log)
         if not opts.enabled:
             return
-        argv = [wire_text(arg, MAX_TEXT) for arg in sys.argv]  # a huge or undecodable argument never costs the start
+        argv = redact_argv(sys.argv) if opts.redact_argv else sys.argv  # the history keeps it: no tokens in it
+        argv = [wire_text(arg, MAX_TEXT) for arg in argv]  # a huge or undecodable argument never costs the start
         self._records.append(RunStart(time=time.time(), argv=argv, agent_version=__version__, config=self.config))
         self._worker = Worker(
             opts,

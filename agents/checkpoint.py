@@ -20,9 +20,12 @@ on a background thread. The rule for tensors the caller may change afterwards:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import stat
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -32,6 +35,7 @@ from typing import Any
 
 from trainvigil.errors import CheckpointIntegrityError, ManifestMissingError
 from trainvigil.schemas import CheckpointDigest
+from trainvigil.schemas.inputs import InputRefusedError, read_input
 
 from . import _current, faults
 from ._fault_hooks import corrupt_saved
@@ -41,6 +45,8 @@ log = logging.getLogger("trainvigil.checkpoint")
 
 MANIFEST_SUFFIX = ".vigil.json"
 MANIFEST_FORMAT = "trainvigil-checkpoint-manifest/1"
+MAX_MANIFEST_BYTES = 256 * 2**20
+"""The largest manifest read back: one digest per tensor is ~150 bytes, so over a million tensors."""
 
 
 def manifest_path(path: str | os.PathLike[str]) -> Path:
@@ -52,15 +58,52 @@ CODECS = ("torch", "flax-msgpack")
 
 
 def write_manifest(path: str | os.PathLike[str], d: StateDigest, step: int | None = None, codec: str = "torch") -> Path:
-    """Write ``<path>.vigil.json`` atomically (a reader never sees half a manifest)."""
+    """Write ``<path>.vigil.json`` atomically (a reader never sees half a manifest).
+
+    Checkpoints often go to a directory others write to too. The manifest is written first under a new random
+    name (``mkstemp``: ``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600), so a link planted at a name it could take
+    is never written through, then given the checkpoint's permissions and renamed over ``<path>.vigil.json``
+    (a rename replaces a link there, never follows it).
+    """
     target = manifest_path(path)
     body = {"format": MANIFEST_FORMAT, "algo": d.algo, "root": d.root, "step": step, "entries": d.entries}
     if codec != "torch":  # a manifest without it is a torch file's, as every manifest before was
         body["codec"] = codec
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1))
-    os.replace(tmp, target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(body, indent=1))
+            with contextlib.suppress(OSError):  # no checkpoint to match (gone meanwhile): it stays 0600
+                os.fchmod(out.fileno(), stat.S_IMODE(os.stat(path).st_mode) & 0o666)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return target
+
+
+def _manifest_body(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object of the manifest of ``path``, read only from a regular file of at most
+    :data:`MAX_MANIFEST_BYTES` (a FIFO or a link to ``/dev/zero`` there would never end).
+
+    Raises:
+        ManifestMissingError: no manifest, or it cannot be read.
+    """
+    target = manifest_path(path)
+    try:
+        body = json.loads(read_input(target, max_bytes=MAX_MANIFEST_BYTES, follow_symlinks=True))
+    except FileNotFoundError:
+        raise ManifestMissingError(
+            f"{path} has no manifest ({target.name}); save it with trainvigil.checkpoint.save() to verify it later"
+        ) from None
+    except InputRefusedError as exc:
+        raise ManifestMissingError(f"{exc}; a manifest is the file trainvigil.checkpoint.save() writes") from None
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep to decode
+        raise ManifestMissingError(f"manifest {target} cannot be read ({exc}); save the checkpoint again") from None
+    if not isinstance(body, dict):
+        raise ManifestMissingError(f"manifest {target} is not a JSON object; save the checkpoint again")
+    return body
 
 
 def read_codec(path: str | os.PathLike[str]) -> str:
@@ -69,8 +112,7 @@ def read_codec(path: str | os.PathLike[str]) -> str:
     Raises:
         ManifestMissingError: no manifest, or it cannot be read.
     """
-    read_manifest(path)
-    codec = json.loads(manifest_path(path).read_text()).get("codec", "torch")
+    codec = _manifest_body(path).get("codec", "torch")
     return codec if codec in CODECS else "torch"
 
 
@@ -80,18 +122,17 @@ def read_manifest(path: str | os.PathLike[str]) -> tuple[StateDigest, int | None
     Raises:
         ManifestMissingError: no manifest, or it cannot be read.
     """
-    target = manifest_path(path)
+    body = _manifest_body(path)
     try:
-        body = json.loads(target.read_text())
         if body.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"unknown format {body.get('format')!r}")
-        d = StateDigest(algo=str(body["algo"]), root=str(body["root"]), entries=dict(body["entries"]))
+        entries = dict(body["entries"])
+        if not all(isinstance(v, str) for v in entries.values()):
+            raise ValueError("its entries must map names to digests (text)")
+        d = StateDigest(algo=str(body["algo"]), root=str(body["root"]), entries=entries)
         return d, body.get("step")
-    except FileNotFoundError:
-        raise ManifestMissingError(
-            f"{path} has no manifest ({target.name}); save it with trainvigil.checkpoint.save() to verify it later"
-        ) from None
     except (ValueError, KeyError, TypeError) as exc:
+        target = manifest_path(path)
         raise ManifestMissingError(f"manifest {target} cannot be read ({exc}); save the checkpoint again") from exc
 
 

@@ -22,7 +22,11 @@ from msgspec import Meta
 
 from trainvigil.errors import ConfigError
 from trainvigil.schemas.credentials import BusAccess
-from trainvigil.schemas.settings import convert, env_name, from_env
+from trainvigil.schemas.limits import INT32_MAX, MAX_NAME, Count32, Name, Rank
+from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.settings import Bytes, Count, Seconds, convert, env_name, from_env
+
+from ._values import utf8
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 _SCHEMES = {"nats", "tls", "ws", "wss"}
@@ -54,7 +58,8 @@ def nats_servers(url: str, key: str = "nats_url (VIGIL_NATS_URL)") -> list[str]:
         except ValueError:  # a port that is not a number, or out of range
             ok = False
         if not ok:
-            what = f"is {url!r}" if part == url.strip() else f"{url!r} holds {part!r}"
+            shown = redact_url(url)  # quoted back: never its password
+            what = f"is {shown!r}" if part == url.strip() else f"{shown!r} holds {redact_url(part)!r}"
             raise ConfigError(
                 f"{key} {what}, not a NATS URL: use nats://HOST:PORT (or tls://, ws://, wss://, HOST:PORT), "
                 "several separated by commas",
@@ -62,42 +67,47 @@ def nats_servers(url: str, key: str = "nats_url (VIGIL_NATS_URL)") -> list[str]:
             )
         servers.append(full)
     if len({s.startswith(("ws://", "wss://")) for s in servers}) > 1:
-        raise ConfigError(f"{key} {url!r} mixes websocket and plain NATS URLs; use one kind", key="nats_url")
+        raise ConfigError(
+            f"{key} {redact_url(url)!r} mixes websocket and plain NATS URLs; use one kind", key="nats_url"
+        )
     return servers
 
 
-Positive = Annotated[float, Meta(gt=0)]
-AtLeastOne = Annotated[int, Meta(ge=1)]
-NotNegative = Annotated[int, Meta(ge=0)]
+WorldSize = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+"""As many ranks as the wire's :data:`~trainvigil.schemas.limits.Rank` can number."""
 
 
 class _Fields(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The fields of :class:`AgentOptions` and their limits (see there)."""
+    """The fields of :class:`AgentOptions` and their limits (see there).
 
-    run_id: Annotated[str, Meta(min_length=1)]
-    rank: NotNegative = 0
-    local_rank: NotNegative = 0
-    world_size: AtLeastOne = 1
+    What goes into every envelope's ``Source`` has the wire's own types: a value the daemon would refuse
+    (and so dead-letter every message of the run) stops ``init()`` instead."""
+
+    run_id: Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
+    rank: Rank = 0
+    local_rank: Count32 = 0
+    world_size: WorldSize = 1
     nats_url: str = DEFAULT_NATS_URL
     nats_creds: str = ""
     nats_tls_ca: str = ""
-    flush_interval: Positive = 1.0
-    batch_size: AtLeastOne = 8192
-    max_buffer: AtLeastOne = 1_000_000
-    max_memory_bytes: NotNegative = 64 * 2**20
+    flush_interval: Seconds = 1.0
+    batch_size: Count = 8192
+    max_buffer: Count = 1_000_000
+    max_memory_bytes: Bytes = 64 * 2**20
     spill_dir: Path = msgspec.field(default_factory=default_spill_dir)
-    max_spill_bytes: NotNegative = 2 * 2**30
-    heartbeat_interval: Positive = 5.0
-    ack_timeout: Positive = 5.0
-    max_inflight: AtLeastOne = 32
-    retry_wait_initial: Positive = 0.1
-    retry_wait_max: Positive = 2.0
-    close_timeout: Positive = 10.0
+    max_spill_bytes: Bytes = 2 * 2**30
+    heartbeat_interval: Seconds = 5.0
+    ack_timeout: Seconds = 5.0
+    max_inflight: Count = 32
+    retry_wait_initial: Seconds = 0.1
+    retry_wait_max: Seconds = 2.0
+    close_timeout: Seconds = 10.0
     flush_on_sigterm: bool = False
     enabled: bool = True
     gil: bool = False
-    gil_interval: Positive = 1.0
-    host: str = msgspec.field(default_factory=socket.gethostname)
+    gil_interval: Seconds = 1.0
+    redact_argv: bool = True
+    host: Name = msgspec.field(default_factory=socket.gethostname)
 
 
 class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -107,9 +117,17 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     ``VIGIL_`` + its name upper-cased (``flush_interval`` → ``VIGIL_FLUSH_INTERVAL``); those come
     from torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, from ``VIGIL_DISABLED`` and the host.
 
+    Durations are seconds, > 0 and at most :data:`~trainvigil.schemas.settings.MAX_WAIT_S` (a day); sizes
+    in bytes at most :data:`~trainvigil.schemas.settings.MAX_BYTES` (1 PiB); counts from 1 to
+    :data:`~trainvigil.schemas.settings.MAX_COUNT` (2**31 - 1).
+
     Attributes:
-        run_id: the run every rank of one training job shares.
-        rank, local_rank, world_size: as torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``.
+        run_id: the run every rank of one training job shares (``VIGIL_RUN_ID``; default: torchrun's run
+            id, else one generated and printed once): 1 to :data:`~trainvigil.schemas.limits.MAX_NAME`
+            (256) characters.
+        rank, local_rank, world_size: as torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``: at most the
+            wire's 2**31 - 1, and the rank below the world size when that is given (``WORLD_SIZE``, Ray, or
+            ``world_size=``; left out, it is 1 and any rank is taken).
         nats_url: the broker: ``nats://``, ``tls://``, ``ws://``, ``wss://`` URLs or ``HOST:PORT``,
             several separated by commas.
         nats_creds: the agent's credentials file (``VIGIL_NATS_CREDS``), for a broker with users:
@@ -138,11 +156,20 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         enabled: ``False`` (``VIGIL_DISABLED=1``) makes every call a no-op.
         gil: sample GIL contention on a background thread and publish a ``GilSample`` per period.
         gil_interval: seconds per GIL sampling period.
+        redact_argv: mask what looks like a secret in the command line ``run_start`` records (which the
+            history keeps): the value of an option named like ``--hf-token``, ``--api_key=``, ``--password``,
+            ``--client-secret`` (Hydra's ``db.password=...`` too), known token formats anywhere (``hf_...``,
+            ``sk-...``, ``ghp_...``) and a URL's password, each as ``***`` (see
+            :func:`~trainvigil.agents._redact.redact_argv`). ``VIGIL_REDACT_ARGV=0`` records it verbatim.
+        host: this machine's name, at most 256 characters.
     """
 
     def __post_init__(self) -> None:
         # Keyword construction skips msgspec's checks; converting into the plain fields runs them.
         _checked(msgspec.structs.asdict(self), _Fields)
+        for key in ("run_id", "host"):  # an undecodable name would fail the encoding of every message
+            if not utf8(getattr(self, key)):
+                raise ConfigError(f"{key}={_shown(getattr(self, key))} is not UTF-8 text; choose another", key=key)
         if self.enabled:  # a disabled agent never connects: its URL and files cannot stop the run
             nats_servers(self.nats_url)
             self.access.connect_options()  # a missing or malformed file is said now, before training starts
@@ -165,10 +192,24 @@ def _checked(values: Mapping[str, Any], struct: type[T], names: Mapping[str, str
     try:
         return convert(values, struct)
     except msgspec.ValidationError as exc:
+        if isinstance(exc.__cause__, ConfigError):  # a check of __post_init__ that already names its key
+            raise exc.__cause__ from None
         problem, _, where = str(exc).rpartition(" - at ")
         field = where.strip("`").removeprefix("$.").split(".")[0].split("[")[0]
         key = (names or {}).get(field, field)
-        raise ConfigError(f"{key}={values.get(field)!r}: {problem or exc}", key=key) from None
+        hint = _HINTS.get(field, "")
+        raise ConfigError(f"{key}={_shown(values.get(field))}: {problem or exc}{hint}", key=key) from None
+
+
+_HINTS = {"run_id": "; choose a shorter one (VIGIL_RUN_ID, init(run_id=...)), hyper-parameters go in init(config=...)"}
+
+
+def _shown(value: object) -> str:
+    """``value`` for a one-line message: a long one clipped, with its length."""
+    text = repr(value)
+    if len(text) <= 80:
+        return text
+    return f"{text[:60]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:60]}..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,10 +300,19 @@ def resolve(
     if nats_url is not None:
         values["nats_url"] = nats_url
         names.pop("nats_url", None)
+    if run_id is None and env.get("VIGIL_RUN_ID"):
+        run_id, names["run_id"] = env["VIGIL_RUN_ID"], "VIGIL_RUN_ID"
     if run_id is None:
-        run_id = env.get("VIGIL_RUN_ID") or (ray.run_id if ray is not None else "") or None
+        run_id = (ray.run_id if ray is not None else "") or None
     values["run_id"] = "-" if run_id is None else run_id  # the default depends on the world size, checked first
     options = _checked(values, AgentOptions, names)
+    if "world_size" in values and options.rank >= options.world_size:  # a world size left out takes any rank
+        rank_key, world_key = names.get("rank", "rank"), names.get("world_size", "world_size")
+        raise ConfigError(
+            f"{rank_key}={options.rank} is not below {world_key}={options.world_size}: ranks run from 0 to "
+            "the world size - 1; set both as the launcher does",
+            key=rank_key,
+        )
     if run_id is not None:
         return options, False
     run_id, generated = default_run_id(env, options.world_size)

@@ -20,6 +20,7 @@ events), written under a temporary name and renamed, so a sealed file is always 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import struct
@@ -28,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from trainvigil.schemas.private import open_private, private_dir
 
 from ._livelock import LiveLock
 
@@ -45,6 +48,8 @@ SEALED_MAGIC_V1 = b"trainvigil-spill/1\n"
 """The first format: no delivered mark (a partial delivery rewrites the rest)."""
 _MARK = struct.Struct("16s")
 _MARK_AT = len(SEALED_MAGIC)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,12 @@ def copy_range(f: BinaryIO, start: int, end: int | None = None) -> Iterator[byte
         yield chunk
 
 
+def _open_private(path: Path, flags: int) -> io.BufferedWriter:
+    """``path`` opened to write (``flags``: :data:`_CREATE` or :data:`_APPEND`), mode 0600 from its first byte:
+    a run's messages carry its command line (``run_start``), and with it whatever secret was passed there."""
+    return open(open_private(path, flags), "ab" if flags & os.O_APPEND else "wb")
+
+
 def temp_path(path: Path) -> Path:
     """Where the file at ``path`` is written before it is renamed into place (never a sealed file's name)."""
     return path.with_name(path.name + ".tmp")
@@ -139,7 +150,7 @@ def write_sealed(path: Path, broker: str, parts: Iterable[bytes]) -> None:
     """
     tmp = temp_path(path)
     try:
-        with open(tmp, "wb") as out:
+        with _open_private(tmp, _CREATE) as out:
             out.write(sealed_header(broker))
             for part in parts:
                 out.write(part)
@@ -225,6 +236,7 @@ class Outbox:
         self._header = sealed_header(broker)
         self._lock = LiveLock(spill_path)
         self._warned = False  # that the spill file cannot be written while memory has room
+        self._warned_open = False  # that the spill directory is readable by others
         self._spill_write: int = 0  # the spill file's size, 0 while there is none
         self._spill_read: int = 0  # where in it the messages not yet read back start
         self._delivered: int = 0  # where in it the messages not yet acknowledged start (the header's mark)
@@ -275,6 +287,13 @@ class Outbox:
                 exc,
             )
 
+    def _private_dir(self, where: Path) -> None:
+        """Create the spill directory (``where``) or make it private; say once when others may still read it."""
+        why = private_dir(where)
+        if why and not self._warned_open:
+            self._warned_open = True
+            log.warning("trainvigil: spill directory %s; point VIGIL_SPILL_DIR at a directory of your own", why)
+
     def _hold(self, msg: OutMsg, end: int) -> None:
         self._memory.append((msg, end))
         self._memory_only += end < 0
@@ -316,12 +335,12 @@ class Outbox:
         size = len(data)
         if self.spilled_bytes + size > self._max_spill:
             return False
-        self._spill_path.parent.mkdir(parents=True, exist_ok=True)
+        self._private_dir(self._spill_path.parent)
         # A fresh file when nothing is spilled: bytes left by a file that could not be removed never count.
         fresh = not self._spill_write
         if fresh:
             self._lock.take()
-        with open(self._spill_path, "wb" if fresh else "ab") as f:
+        with _open_private(self._spill_path, _CREATE if fresh else _APPEND) as f:
             try:
                 f.write(self._header + data if fresh else data)
                 f.flush()
@@ -399,12 +418,12 @@ class Outbox:
         size = sum(map(len, frames))
         if self.spilled_bytes + size > self._max_spill:
             return False
-        self._spill_path.parent.mkdir(parents=True, exist_ok=True)
+        self._private_dir(self._spill_path.parent)
         # Memory holds the oldest messages (new ones go to the file while it has any unread): they go first.
         tmp = temp_path(self._spill_path)
         self._lock.take()
         try:
-            with open(tmp, "wb") as out:
+            with _open_private(tmp, _CREATE) as out:
                 out.write(self._header)
                 out.writelines(frames)
                 if self.spilled_bytes:
@@ -435,7 +454,7 @@ class Outbox:
             OSError: the file could not be written; the outbox is unchanged.
         """
         events = self.pending_events
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._private_dir(path.parent)
         if self._spill_write and not self._memory_only:
             # The spill file from its delivered mark on holds everything: that sealed file is there already.
             self._mark()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from trainvigil.schemas.credentials import refusal
+from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import quiet_backoff
 
 from .acks import AckInbox
@@ -29,7 +30,7 @@ log = logging.getLogger("trainvigil.agent")
 RECONNECT_WAIT_S = 1.0
 """How often nats-py tries a broker that is away again (the first connect too). Each try wakes the agent's
 thread several times: at 0.25 s an agent without a broker spent 3x the CPU of one with it at 10 steps/s
-(bench/README, "Offline"). A second is the flush interval's own delay."""
+(bench/README.md, `agent_thread_cpu.py --offline`). A second is the flush interval's own delay."""
 
 
 class Publisher(Protocol):
@@ -192,7 +193,7 @@ class NatsPublisher:
         log.warning(
             "trainvigil: no broker answers at %s (%s: %s); metrics are kept locally (under %s) and "
             "sent once it answers; what is left at exit stays in %s for the next run or `vigil push`",
-            self.options.nats_url,
+            redact_url(self.options.nats_url),
             type(exc).__name__,
             exc,
             where,
@@ -209,7 +210,7 @@ class NatsPublisher:
             "trainvigil: the broker at %s turned this agent away: %s (VIGIL_NATS_CREDS=%s); metrics are kept "
             "locally (under %s) and sent once it accepts them; what is left at exit stays there "
             "for `vigil push`",
-            opts.nats_url,
+            redact_url(opts.nats_url),
             refusal(exc),
             opts.nats_creds or "not set",
             opts.spill_dir,

@@ -13,6 +13,10 @@ duplicate window.
 A file names the broker its run was configured with. An agent delivers only files meant for
 its own broker (a throwaway test broker never swallows a real run's data); ``vigil push``
 delivers wherever it is told.
+
+Whoever can write to the spill directory can leave a file there. One that is not a regular file (a
+FIFO, a device, a link) is refused unopened; one with a frame on anything but its run's data subjects
+is refused before anything of it is sent (:mod:`._spill_check`). Both stay as they are.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +33,10 @@ from typing import Any, BinaryIO, Protocol
 
 from trainvigil.errors import VigilError
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
+from trainvigil.schemas.inputs import InputRefusedError, open_input
+from trainvigil.schemas.redact import redact_url
 
+from ._spill_check import foreign_frame
 from .acks import AckInbox
 from .options import nats_servers
 from .outbox import OutMsg, copy_range, mark_delivered, read_frame, read_sealed_header, write_sealed
@@ -67,6 +75,8 @@ class FileResult:
     """Why not everything was delivered ("" when it was, or when the file was skipped)."""
     skipped: bool = False
     """Another process holds the file, or it is gone, or it is meant for another broker."""
+    empty: bool = False
+    """The file held nothing to send (a header only, or everything marked delivered); it was removed."""
 
     @property
     def done(self) -> bool:
@@ -74,8 +84,9 @@ class FileResult:
 
 
 def broker_key(url: str) -> str:
-    """``url`` as sealed files record it, so that two spellings of one list compare equal."""
-    return ",".join(nats_servers(url))
+    """``url`` as sealed files record it, so that two spellings of one list compare equal; without its passwords
+    (:func:`~trainvigil.schemas.redact.redact_url`): a file names its broker, never the secret."""
+    return redact_url(",".join(nats_servers(url)))
 
 
 def sealed_name(run_token: str, rank: int, pid: int, nonce: str) -> str:
@@ -84,25 +95,35 @@ def sealed_name(run_token: str, rank: int, pid: int, nonce: str) -> str:
 
 
 def leftovers(where: Path) -> list[Path]:
-    """The sealed files in directory ``where`` (or ``where`` itself, a file), oldest first."""
-    if where.is_file():
-        return [where]
+    """The sealed files in directory ``where`` (or ``where`` itself, when it is anything but a directory), oldest
+    first. A ``*.spill`` entry that is not a regular file (a FIFO, a link) is listed too: :func:`upload` refuses
+    it by kind, unopened, and says so, where skipping it would hide it."""
+    try:
+        if not stat.S_ISDIR(os.stat(where).st_mode):
+            return [where]
+    except FileNotFoundError:
+        return []
     found = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(where):
-            if entry.name.endswith(SUFFIX) and entry.is_file():
+            if entry.name.endswith(SUFFIX) and not entry.is_dir(follow_symlinks=False):
                 with contextlib.suppress(FileNotFoundError):  # delivered by someone else meanwhile
-                    found.append((entry.stat().st_mtime, Path(entry.path)))
+                    found.append((entry.stat(follow_symlinks=False).st_mtime, Path(entry.path)))
     return [path for _, path in sorted(found)]
 
 
 @contextlib.contextmanager
-def _claim(path: Path) -> Iterator[BinaryIO | None]:
-    """``path`` open and exclusively locked, or ``None`` when another process holds it or it is gone."""
+def _claim(path: Path) -> Iterator[BinaryIO | InputRefusedError | None]:
+    """``path`` open and exclusively locked, or ``None`` when another process holds it or it is gone, or why it
+    is refused unopened: not a regular file (opening a FIFO blocks; through a link, the delivered mark and the
+    removal would hit another file)."""
     try:
-        f = open(path, "rb")  # noqa: SIM115 (closed below, after the lock's holder is done)
+        f = open_input(path, max_bytes=None)  # a stream: read a frame at a time, whatever its size
     except FileNotFoundError:
         yield None
+        return
+    except InputRefusedError as exc:
+        yield exc
         return
     with f:
         try:
@@ -112,7 +133,7 @@ def _claim(path: Path) -> Iterator[BinaryIO | None]:
             return
         # Whoever held the lock before may have removed or replaced the file meanwhile.
         try:
-            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+            same = os.lstat(path).st_ino == os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
             same = False
         yield f if same else None
@@ -182,11 +203,15 @@ async def upload(
 
     The file is removed once every message was acknowledged; after a partial delivery (an
     error, or cancellation) only the unacknowledged rest is kept. With ``only_for`` (a
-    :func:`broker_key`), a file meant for another broker is skipped. Never raises but for
-    cancellation: failures are in the result.
+    :func:`broker_key`), a file meant for another broker is skipped. A file that is not a regular
+    file, or has a frame off its run's data subjects (:mod:`._spill_check`), is refused whole and left
+    as it is. Never raises but for cancellation: failures are in the result.
     """
     result = FileResult(path)
     with _claim(path) as f:
+        if isinstance(f, InputRefusedError):
+            result.error = f"{f} (left untouched)"
+            return result
         if f is None:
             result.skipped = True
             return result
@@ -195,11 +220,17 @@ async def upload(
         except (OSError, ValueError) as exc:
             result.error = f"{exc} (left untouched)"
             return result
-        result.broker = header.broker
+        result.broker = redact_url(header.broker)  # a file of an older version may name the password
         if only_for is not None and result.broker != only_for:
             result.skipped = True
             return result
         offset = start = f.tell()
+        if why := foreign_frame(f):
+            result.error = (
+                f"refused: {why}; nothing of it was sent and it is left as it is (no agent writes such a file: "
+                "remove it if you did not make it)"
+            )
+            return result
         complete = False
         try:
             while True:
@@ -208,6 +239,7 @@ async def upload(
                     batch.append(item)
                 if not batch:
                     complete = True
+                    result.empty = offset == start
                     break
                 acked, error = await publish_round(js, [m for m, _ in batch], ack_timeout)
                 for msg, size in batch[:acked]:
@@ -281,9 +313,10 @@ async def push(
         )
     except (OSError, TimeoutError, NatsError) as exc:
         if why := refusal(exc):
-            raise NoBrokerError(f"the broker at {url} turned vigil push away: {why}", url=url) from None
+            raise NoBrokerError(f"the broker at {redact_url(url)} turned vigil push away: {why}", url=url) from None
         raise NoBrokerError(
-            f"no NATS broker answered at {url} ({type(exc).__name__}); start one (vigil up) or pass --nats URL",
+            f"no NATS broker answered at {redact_url(url)} ({type(exc).__name__}); start one (vigil up) or pass "
+            "--nats URL",
             url=url,
         ) from None
     try:

@@ -4,6 +4,10 @@ Exit codes: 0 the content matches; 1 it does not (the differing tensors are list
 file is missing or cannot be read; 2 there is no manifest; 3 torch is not installed (flax, for a file
 ``trainvigil.jax.save`` wrote: its manifest says so). Needs only the agent install and torch (no
 daemon extra).
+
+What a manifest or a checkpoint names (tensor names, digests, error text) is printed through
+:func:`~trainvigil.schemas.terminal.terminal_safe`: either file may come from someone else, and an escape
+sequence in a name would otherwise reach the terminal.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from trainvigil.schemas.terminal import terminal_safe
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_NO_MANIFEST, EXIT_NO_TORCH = 0, 1, 2, 3
 
@@ -47,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         codec = read_codec(args.path)
     except ManifestMissingError as exc:
-        print(f"vigil verify: {exc}", file=sys.stderr)
+        print(f"vigil verify: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_NO_MANIFEST
     try:
         if codec == "flax-msgpack":  # written by trainvigil.jax.save: needs flax, not torch
@@ -65,20 +71,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"vigil verify: needs {extra} ({exc})", file=sys.stderr)
         return EXIT_NO_TORCH
     except Exception as exc:  # the file could not be read back: a truncated or garbled file is a mismatch too
+        why = terminal_safe(f"{type(exc).__name__}: {exc}")
         print(
-            f"vigil verify: {args.path} cannot be read ({type(exc).__name__}: {exc}); the file is corrupt, "
+            f"vigil verify: {args.path} cannot be read ({why}); the file is corrupt, "
             "or holds objects beyond tensors (retry with --full-unpickle if you trust it)",
             file=sys.stderr,
         )
         return EXIT_MISMATCH
     if result.ok:
-        print(f"{args.path}: OK ({len(result.actual.entries)} entries, {result.actual.algo} {result.actual.root})")
+        what = terminal_safe(f"{result.actual.algo} {result.actual.root}")
+        print(f"{args.path}: OK ({len(result.actual.entries)} entries, {what})")
         return EXIT_MATCH
     differing = result.differing
     print(f"{args.path}: MISMATCH in {len(differing)} of {len(result.expected.entries)} entries")
     for name in differing:
         want = result.expected.entries.get(name, "(absent)")
         got = result.actual.entries.get(name, "(absent)")
-        print(f"  {name}: expected {want[:16]} got {got[:16]}")
+        print(terminal_safe(f"  {name}: expected {want[:16]} got {got[:16]}"))
     print("restore the file from another copy or an earlier checkpoint", file=sys.stderr)
     return EXIT_MISMATCH

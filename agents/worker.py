@@ -48,6 +48,7 @@ from typing import Any
 
 from trainvigil.schemas import Heartbeat, Record, RunEnd, Source, run_token
 from trainvigil.schemas.limits import MAX_NAME
+from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import quiet_backoff
 
 from ._alarm import Alarm
@@ -323,7 +324,7 @@ class Worker:
             # Counted as close_timeout, kept or not: close() says False while anything is undelivered.
             # The line below says which, so the drops report above leaves them out.
             self.drops.add("close_timeout", pending)
-            url = self.options.nats_url
+            url = redact_url(self.options.nats_url)
             why = (
                 f"broker {url} did not acknowledge them in time"
                 if self._publisher.ever_connected
@@ -419,7 +420,7 @@ class Worker:
             log.warning(
                 "trainvigil: the broker at %s does not acknowledge what is published (%r); messages are kept on "
                 "disk (under %s) and sent once it does",
-                self.options.nats_url,
+                redact_url(self.options.nats_url),
                 error,
                 self.options.spill_dir,
             )

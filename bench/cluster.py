@@ -1,4 +1,4 @@
-"""Ingest with 1 vs N daemon shards: steps/s, and what one shard costs per step (the README's sizing input).
+"""Ingest with 1 vs N daemon shards: steps/s, and what one shard costs per step (docs/operations/sizing.md's input).
 
 For each shard count: a real nats-server (or a ``--nodes 3`` cluster on loopback with ``--replicas 3``
 streams) with the subject mappings for that count, the shards' streams created as ``vigil up --shard``

@@ -16,7 +16,7 @@ the alerts the daemon raised while the run was being recorded instead. Scoring r
   before their fault, all ranks), and the clean steps covered.
 
     python bench/corpus_eval.py                      # replay, default detector settings
-    python bench/corpus_eval.py --json > before.json # for diffing against a later session
+    python bench/corpus_eval.py --json > before.json # for diffing against a later change
     python bench/corpus_eval.py --live               # the live daemon's alerts at recording time
     python bench/corpus_eval.py --config vigil.toml --only gpt-hang
 """

@@ -13,7 +13,7 @@ Per detector x fault x size it prints:
   fault's horizon (``[step, step + horizon]``);
 * latency p50/p95 in steps: that episode's step minus the fault step (for ``stall``, also
   seconds from the last step before the silence to the alert);
-* in budget: detections within the issue's latency target (NaN: 0 steps; x10 and x100 grad
+* in budget: detections within the detector's latency target (NaN: 0 steps; x10 and x100 grad
   spikes: 1 step; slowdowns ≥ 1.3x: 2 windows of max(50 steps, 60 s));
 * precision: episodes (any detector) in those traces that match the fault (its expected
   detector or one that may rightly fire too, on an affected rank, in its horizon, or any time

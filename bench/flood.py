@@ -1,10 +1,10 @@
-"""The daemon's memory during and after a flood (issue 19 B.4): a real nats-server, ``vigil up``
+"""The daemon's memory during and after a flood: a real nats-server, ``vigil up``
 with its defaults, and agent processes logging as fast as they can for ``--seconds``.
 
 Prints the daemon's RSS every few seconds, its peak during the flood, and where it settles
 once the flood is over, next to the steps it committed and its consumer lag. Meanwhile a
 normal run logs 100 steps/s and a NaN every ``--nan-every`` seconds: the seconds from each NaN
-to its page on the alert subject say whether the flood delays another run's alerts (issue 19 B.3).
+to its page on the alert subject say whether the flood delays another run's alerts.
 
     python bench/flood.py [--seconds 60] [--agents 4] [--after 30]
 """

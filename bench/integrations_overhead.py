@@ -1,6 +1,6 @@
 """What each framework integration adds to its framework's own step time, side by side in one run.
 
-For each framework (transformers ``Trainer``, Lightning, Stable-Baselines3, JAX, Ray Train) the README's
+For each framework (transformers ``Trainer``, Lightning, Stable-Baselines3, JAX, Ray Train) the docs'
 example script (``examples/integrations/``) trains the same small model the same steps without the
 integration (``--without``: for Lightning, its default logger in place of ours) and with it
 (``--init-first``), alternately (``--repeats`` pairs in fresh processes, every other pair in the
@@ -54,7 +54,7 @@ COMMANDS = {
     "ray": ["ray_train.py", "{tmp}", "--workers", "2", "--steps", "2000", "--batch", "64", "--features", "32",
             "--hidden", "128"],
 }  # fmt: skip
-"""The README's example scripts (``examples/integrations/``), at sizes where a step is the framework's work."""
+"""The documented example scripts (``examples/integrations/``), at sizes where a step is the framework's work."""
 WORK = {
     "transformers": "200 steps, GPT-2 2x64",
     "lightning": "3072 steps, MLP 64-256-1",

@@ -1,6 +1,6 @@
 """What ``trainvigil.jax.grad_health`` adds to a jitted training step, measured inside one process.
 
-A Flax MLP with optax (the README's JAX example, ``examples/integrations/jax_mlp.py``) is jitted in
+A Flax MLP with optax (the docs' JAX example, ``examples/integrations/jax_mlp.py``) is jitted in
 variants that differ only in the gradient health they compute: none; ``grad_health`` as shipped (the
 leaves through an ``optimization_barrier``, then a sum of squares per leaf; non-finite values counted
 only on a step whose norm is not finite); its previous version (the same without the barrier: XLA
@@ -13,15 +13,15 @@ untimed steps and then ``--seconds`` of timed ones (as steps, from the warm-up's
 with an agent spans two of its flush intervals at least. The ratio is the median over rounds of each
 block's mean step to that of the block without health beside it, with a bootstrap 95 % interval. This
 machine's step drifts by a few per cent over tens of seconds, about what a round of seven variants
-lasts: until stop 44 every block was compared with its round's one block without health, and two runs of
-the same command differed by ~1 %. The ratio of the blocks' median steps is printed beside it. Judge by
+lasts: compared with its round's one block without health instead, two runs of the same command
+differed by ~1 %. The ratio of the blocks' median steps is printed beside it. Judge by
 the mean: the agent's thread packs and publishes once per flush interval, and the few steps that pay for
 it are what a median leaves out. The health variants run with no agent: theirs is the cost inside the step.
 
 ``--agent`` adds the whole integration, side by side in the same process: a real nats-server and daemon
 start pinned to the machine's last core, and two more variants log every step through an agent that
 is started (connected, settled) before each of their blocks and closed after it: the loss alone, and
-the loss with ``grad_health``'s two device scalars (the README's example). Between fresh processes a
+the loss with ``grad_health``'s two device scalars (the docs' example). Between fresh processes a
 step moves about 5 % (``integrations_overhead.py``); between blocks of one process, about 1 %.
 ``--agent-cpu N`` moves the agent's thread onto CPU ``N`` (the training stays where it is): what the
 agent costs when its thread does not share the training's core, as on a machine with a core to spare.

@@ -37,7 +37,7 @@ from trainvigil.optim import Adan, Lion, Muon, SophiaG
 LR, WD = 1e-3, 0.01
 MUON_LR = 0.02
 ADAMW_BOUND = 1.3
-"""The issue's bound for Lion and Adan against AdamW(foreach=True)."""
+"""The bound for Lion and Adan against AdamW(foreach=True)."""
 
 
 class Steppable(Protocol):

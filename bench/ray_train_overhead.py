@@ -4,7 +4,7 @@
 that cannot resolve 1 %: two DDP workers share one core, a step ends when the slower rank's does, and
 the baseline's median step moved from 2.1 to 3.7 ms between runs. Here one ``TorchTrainer`` run does
 the comparison inside its workers, as ``jax_grad_health.py --agent`` does for JAX: each worker trains
-the README's Ray Train example (DDP over gloo, an MLP ``features -> hidden -> 1``) in ``--rounds``
+the docs' Ray Train example (DDP over gloo, an MLP ``features -> hidden -> 1``) in ``--rounds``
 rounds of two blocks, in a random order that every worker draws alike. In the block with trainvigil,
 each worker starts its agent with ``trainvigil.init()`` and no arguments (rank, world size and run id
 from Ray Train, what the integration is), lets it connect and settle, logs the loss and step time at

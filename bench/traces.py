@@ -37,7 +37,7 @@ import numpy as np
 HEARTBEAT_S = 5.0
 """The agent's default heartbeat interval."""
 WINDOW_S, WINDOW_STEPS = 60.0, 50
-"""The slowdown detectors' window: max(50 steps, 60 s) (issue 4)."""
+"""The slowdown detectors' window: max(50 steps, 60 s)."""
 T0 = 1_790_000_000.0
 """Wall time of every trace's first step (late 2026)."""
 

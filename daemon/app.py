@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -29,7 +30,9 @@ from trainvigil.daemon.web.data import DataApi
 from trainvigil.daemon.web.http import serve_http
 from trainvigil.daemon.web.live import Broadcaster
 from trainvigil.errors import ConfigError
+from trainvigil.schemas import private
 from trainvigil.schemas.credentials import refusal
+from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import retrying
 
 log = structlog.get_logger("trainvigil.daemon")
@@ -115,9 +118,10 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
         with anyio.CancelScope(shield=True):
             await nc.close()
         if last_error is not None and (why := refusal(last_error)):
-            raise ConfigError(f"the NATS server at {url} turned the daemon away: {why}", key="nats_creds")
+            raise ConfigError(f"the NATS server at {redact_url(url)} turned the daemon away: {why}", key="nats_creds")
         raise BrokerUnavailableError(
-            f"no NATS server answered at {url} within {config.connect_timeout_s:g} s ({_describe(last_error)}); "
+            f"no NATS server answered at {redact_url(url)} within {config.connect_timeout_s:g} s "
+            f"({_describe(last_error)}); "
             "start the broker or fix --nats/VIGIL_NATS_URL (VIGIL_CONNECT_TIMEOUT_S sets the wait)",
             url=url,
         )
@@ -147,7 +151,7 @@ async def _with_retries(call: Callable[[], Awaitable[object]], url: str, deadlin
     except retried as exc:
         last = failures[-1] if failures else exc
         raise BrokerUnavailableError(
-            f"the NATS server at {url} did not set up the stream within {deadline_s:g} s "
+            f"the NATS server at {redact_url(url)} did not set up the stream within {deadline_s:g} s "
             f"({_describe(last)}); is JetStream enabled (nats-server -js)?",
             url=url,
         ) from None
@@ -172,13 +176,15 @@ async def _serve_web(
     updates fed by the store's commits."""
     live = Broadcaster()
     store.on_commit = live.committed
-    api = DataApi(ReadOnlyQueries(store, config).answer, config.query_concurrency, lambda: live.generation)
+    queries = ReadOnlyQueries(store, config).answer
+    api = DataApi(queries, config.query_concurrency, lambda: live.generation, metrics.web_queries)
     try:
         await serve_http(
             config.http_host,
             config.http_port,
             metrics,
             config.http_token_file,
+            allowed_hosts=config.allowed_hosts,
             api=api,
             live=live,
             task_status=task_status,
@@ -209,14 +215,21 @@ async def serve(
     config = config.for_shard()
     shard = config.shard_id
     metrics = DaemonMetrics()
-    store = Store(
-        config.db_path,
-        config.stream.consumer,
-        config.stream.name,
-        min_free_bytes=config.store.min_free_bytes,
-        memory_limit_bytes=config.store.memory_limit_bytes,
-        duplicate_window_s=config.stream.duplicate_window_s,
-    )
+    # While it runs, everything the daemon creates is its own (schemas/private.py): files of DuckDB's, the WAL
+    # made again after each checkpoint by whichever thread commits, can only be made private by the umask.
+    umask = os.umask(private.UMASK)
+    try:
+        store = Store(
+            config.db_path,
+            config.stream.consumer,
+            config.stream.name,
+            min_free_bytes=config.store.min_free_bytes,
+            memory_limit_bytes=config.store.memory_limit_bytes,
+            duplicate_window_s=config.stream.duplicate_window_s,
+        )
+    except BaseException:
+        os.umask(umask)
+        raise
     try:
         async with anyio.create_task_group() as tg:
             url = await _resolve_broker(config, tg)
@@ -238,13 +251,13 @@ async def serve(
                     # A shard answers queries on its own subject only (``vigil sql`` gathers every
                     # shard's, never one shard's alone) and runs no canaries (config refuses them).
                     await tg.start(partial(serve_queries, nc, store, config, metrics, subject=shard.query_subject))
-                    await tg.start(answer_roll_call, nc, shard)
+                    await tg.start(answer_roll_call, nc, shard, metrics)
                     await tg.start(alerts.serve)
                 ingest = Ingest(js, store, config, metrics, alerts)
                 tg.start_soon(_watch_signals, ingest)
                 log.info(
                     "ready",
-                    nats_url=url,
+                    nats_url=redact_url(url),
                     shard=str(shard) if shard else None,
                     stream=config.stream.name,
                     data_dir=str(config.data_dir),
@@ -262,4 +275,5 @@ async def serve(
                     await nc.close()
     finally:
         store.close()
+        os.umask(umask)
         log.info("stopped", last_seq=store.last_seq)

@@ -20,7 +20,17 @@ import msgspec
 from trainvigil.daemon.detectors import DetectorsConfig
 from trainvigil.errors import ConfigError
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, SCRIPT_FAULTS, WORKLOADS
-from trainvigil.schemas.settings import convert, env_name, from_env, set_path
+from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.settings import (
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_RETENTION_S,
+    MAX_WAIT_S,
+    convert,
+    env_name,
+    from_env,
+    set_path,
+)
 from trainvigil.schemas.shards import MAX_SHARDS, ShardId, parse_shard
 from trainvigil.schemas.subjects import STREAM_SUBJECTS
 
@@ -36,8 +46,15 @@ def _require(key: str, value: object, rule: str, ok: bool) -> None:
         raise ValueError(f"{key} ({env}) must be {rule}, not {value!r}")
 
 
-def _positive(key: str, value: float) -> None:
-    _require(key, value, "a number > 0", math.isfinite(value) and value > 0)
+def _positive(key: str, value: float, most: float = MAX_WAIT_S) -> None:
+    """A duration: > 0 and at most a day (:data:`~trainvigil.schemas.settings.MAX_WAIT_S`) unless ``most`` says."""
+    _require(key, value, f"a number > 0 and <= {most:.0f}", math.isfinite(value) and 0 < value <= most)
+
+
+def _within(key: str, value: float, least: float, most: float, unset: float | None = None) -> None:
+    """``least <= value <= most``, or ``value == unset`` (the setting's "no limit" or "default" value)."""
+    rule = f"a number >= {least:.0f} and <= {most:.0f}" + (f", or {unset:.0f}" if unset is not None else "")
+    _require(key, value, rule, value == unset or (math.isfinite(value) and least <= value <= most))
 
 
 def _port(key: str, value: int, *, lowest: int = 0) -> None:
@@ -58,7 +75,7 @@ def _nats_url(key: str, url: str) -> None:
         except ValueError:  # a port that is not a number or out of range
             ok = False
         rule = "a NATS URL like nats://HOST:PORT, or several comma-separated (schemes: nats, tls, ws, wss)"
-        _require(key, url, rule, ok)
+        _require(key, redact_url(url), rule, ok)  # quoted back: never its password
 
 
 def nats_servers(url: str) -> list[str]:
@@ -96,6 +113,10 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The JetStream stream and the daemon's durable consumer.
 
     Attributes:
+        name: the stream's name (a shard's is ``<name>-<INDEX>``).
+        consumer: the daemon's durable consumer (a shard's is ``<consumer>-<INDEX>``).
+        duplicate_window_s: JetStream drops a message whose ``Nats-Msg-Id`` it stored this recently
+            (an agent's resend); older resends are stored once by the daemon itself.
         max_bytes, max_age_s: the stream's limits. It holds what the daemon has not committed
             yet (committed messages are purged, see ``purge_committed``).
         discard: what a full stream does. ``new`` (default): it refuses new messages, the agents
@@ -126,14 +147,14 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require("stream.replicas", self.replicas, "an integer from 1 to 5", 1 <= self.replicas <= 5)
         _name("stream.name", self.name)
         _name("stream.consumer", self.consumer)
-        age_ok = math.isfinite(self.max_age_s) and self.max_age_s >= 0
-        _require("stream.max_age_s", self.max_age_s, "a number >= 0 (0: no age limit)", age_ok)
-        bytes_ok = self.max_bytes == -1 or self.max_bytes >= 1
-        _require("stream.max_bytes", self.max_bytes, "-1 (no limit) or >= 1", bytes_ok)
+        _within("stream.max_age_s", self.max_age_s, 0, MAX_RETENTION_S)  # 0: no age limit
+        _within("stream.max_bytes", self.max_bytes, 1, MAX_BYTES, unset=-1)  # -1: no limit
         _positive("stream.duplicate_window_s", self.duplicate_window_s)
+        # JetStream refuses a window longer than it keeps messages.
+        window_ok = self.max_age_s == 0 or self.duplicate_window_s <= self.max_age_s
+        _require("stream.duplicate_window_s", self.duplicate_window_s, "<= stream.max_age_s", window_ok)
         _positive("stream.ack_wait_s", self.ack_wait_s)
-        per_subject_ok = self.max_msgs_per_subject == -1 or self.max_msgs_per_subject >= 1
-        _require("stream.max_msgs_per_subject", self.max_msgs_per_subject, "-1 (no limit) or >= 1", per_subject_ok)
+        _within("stream.max_msgs_per_subject", self.max_msgs_per_subject, 1, MAX_COUNT, unset=-1)
 
 
 class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -154,9 +175,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     memory_limit_bytes: int = 128 * 2**20
 
     def __post_init__(self) -> None:
-        _require("store.min_free_bytes", self.min_free_bytes, "an integer >= 0", self.min_free_bytes >= 0)
-        limit_ok = self.memory_limit_bytes == 0 or self.memory_limit_bytes >= 32 * 2**20
-        _require("store.memory_limit_bytes", self.memory_limit_bytes, "0 (DuckDB's default) or >= 32 MiB", limit_ok)
+        _within("store.min_free_bytes", self.min_free_bytes, 0, MAX_BYTES)
+        _within("store.memory_limit_bytes", self.memory_limit_bytes, 32 * 2**20, MAX_BYTES, unset=0)  # 0: DuckDB's
 
 
 def _http_url(url: str) -> bool:
@@ -179,7 +199,9 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         timeout_s: one POST (connect, send, status line) gives up after this long.
         retries: further attempts after a failed one (connection error, timeout, 5xx, 408, 429).
         backoff_s: wait before the first retry; doubled for each later one, up to ``backoff_max_s``.
-        queue_size: updates waiting for the webhook; past it the oldest is dropped and counted.
+        backoff_max_s: the longest wait between two retries.
+        queue_size: updates waiting for the webhook; past it one is dropped and counted (a warning before any
+            page, the oldest of the run holding the most; one place per episode, its newest update).
         drain_s: on shutdown, queued updates get this long to go out.
     """
 
@@ -207,6 +229,10 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "a number >= alerts.backoff_s",
             self.backoff_max_s >= self.backoff_s,
         )
+        for key in ("timeout_s", "backoff_s", "backoff_max_s", "drain_s"):
+            _within(f"alerts.{key}", getattr(self, key), 0, MAX_WAIT_S)
+        for key in ("retries", "queue_size"):
+            _within(f"alerts.{key}", getattr(self, key), 0, MAX_COUNT)
 
 
 _INTERVAL = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)\s*")
@@ -222,7 +248,7 @@ def parse_interval(text: str) -> float | None:
 def _every(key: str, text: str) -> None:
     interval = parse_interval(text)
     if interval is not None:
-        _require(key, text, "an interval > 0", interval > 0)
+        _require(key, text, f"an interval > 0 and <= {MAX_RETENTION_S:.0f} s", 0 < interval <= MAX_RETENTION_S)
         return
     from croniter import croniter  # only for a cron expression
 
@@ -250,6 +276,8 @@ class CanaryJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             it must call ``trainvigil.init()`` and ``trainvigil.torch.watch()`` for the faults to apply.
         faults: kinds to try (any of ``trainvigil.faults.KINDS``); empty: all of them.
         fault_step: the step ``VIGIL_FAULT`` names: within the run, after its warm-up.
+        cwd: the directory the command runs in; empty: the daemon's.
+        env: variables added to the job's environment.
     """
 
     name: str
@@ -319,17 +347,17 @@ class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _kinds("canary.faults", self.fault_kinds, FAULT_KINDS)
         p = self.fault_probability
         _require("canary.fault_probability", p, "a number from 0 to 1", math.isfinite(p) and 0 <= p <= 1)
-        _require("canary.concurrency", self.concurrency, "an integer >= 1", self.concurrency >= 1)
+        _within("canary.concurrency", self.concurrency, 1, MAX_COUNT)
         _positive("canary.timeout_s", self.timeout_s)
-        _require("canary.settle_s", self.settle_s, "a number >= 0", math.isfinite(self.settle_s) and self.settle_s >= 0)
-        _require("canary.linger_s", self.linger_s, "a number >= 0", math.isfinite(self.linger_s) and self.linger_s >= 0)
+        _within("canary.settle_s", self.settle_s, 0, MAX_WAIT_S)
+        _within("canary.linger_s", self.linger_s, 0, MAX_WAIT_S)
         _require("canary.nice", self.nice, "a niceness from 0 to 19", 0 <= self.nice <= 19)
         unknown = [w for w in self.workload_names if w not in WORKLOADS]
         _require("canary.workloads", ", ".join(unknown), f"workloads among {', '.join(WORKLOADS)}", not unknown)
         names = [job.name for job in self.jobs]
         clash = sorted({n for n in names if names.count(n) > 1 or n in WORKLOADS or n == CLEAN})
         _require("canary.jobs", ", ".join(clash), "jobs with unique names that are not workloads", not clash)
-        _require("canary.keep_logs", self.keep_logs, "an integer >= 1", self.keep_logs >= 1)
+        _within("canary.keep_logs", self.keep_logs, 1, MAX_COUNT)
 
     @property
     def fault_kinds(self) -> tuple[str, ...]:
@@ -344,6 +372,10 @@ class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything ``vigil up`` is configured with.
 
+    Every setting has an upper bound: durations (``*_s``) at most a day (``MAX_WAIT_S``; ``stream.max_age_s``
+    ten years), sizes in bytes at most 1 PiB (``MAX_BYTES``), counts at most 2**31 - 1 (``MAX_COUNT``, see
+    :mod:`trainvigil.schemas.settings`); a value past it stops ``vigil up`` with the setting's name.
+
     Attributes:
         data_dir: where ``vigil.duckdb`` (and the embedded broker's JetStream store) live.
         nats_url: the broker; empty means: use 127.0.0.1:4222 if something answers there,
@@ -351,7 +383,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             comma-separated (the client connects to one and fails over to the others).
         shard: ``INDEX/COUNT`` (``0/2``): this daemon owns the runs the broker maps to partition INDEX
             of COUNT, in its own stream (``<stream.name>-INDEX``), consumer (``<stream.consumer>-INDEX``)
-            and DuckDB file; empty: one daemon owns every run (see README, "Operations: shards").
+            and DuckDB file; empty: one daemon owns every run (see docs/operations/cluster.md).
             Needs ``nats_url`` with a broker that partitions (``vigil shards mappings COUNT``).
         embedded_port: the port of the bundled ``nats-server`` (and of the broker looked for first).
         embedded_host: the address the bundled ``nats-server`` listens on (``0.0.0.0``: every interface).
@@ -366,6 +398,9 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         http_host, http_port: where ``/healthz`` and ``/metrics`` are served (port 0: off).
         http_token_file: a file holding the bearer token every HTTP request but ``/healthz`` must
             carry (``Authorization: Bearer <token>``); empty: none.
+        http_allowed_hosts: ``Host`` names the HTTP side answers besides its own addresses, ``localhost``
+            and the machine's name (a list, or comma-separated): ``name``, ``.example.com`` (it and every
+            subdomain) or ``*`` (any); other names get 421 (a page rebinding its name to the daemon).
         fetch_batch: messages fetched (and committed in one transaction) at a time, at most. A fleet of
             small messages needs many per fetch: 256 drained ~3 200 messages/s of 4 steps, 1 024 ~4 400.
         fetch_max_bytes: bytes one fetch asks for, at most (raised to one message of the broker's
@@ -376,9 +411,16 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         query_row_limit: rows a ``vigil sql`` answer holds at most.
         query_timeout_s: a query running longer is interrupted.
         query_max_bytes: encoded rows a ``vigil sql`` answer holds at most; past it the answer is cut.
-        query_memory_bytes: a query is interrupted once the daemon's memory grew by this much while it ran.
+        query_memory_bytes: a query is interrupted once the daemon's memory grew by this much while it ran; a
+            call whose values could pass it within one vector (2 048 rows: ``repeat()``, ``lpad()``, a scalar
+            ``range()``...) is refused before it runs.
         query_spill_bytes: a query is interrupted once DuckDB's temp directory grew by this much while it ran.
         query_concurrency: queries running at once; a request beyond that gets a "busy" answer at once.
+        query_rate_per_s, query_burst: queries one client connection may ask a second, and at once (a token
+            bucket per asker); past them it gets a "busy" answer at once, without DuckDB. At most 10 000 / s
+            and 100 000.
+        query_askers_max: clients tracked for that at most (those of the last ``query_burst / query_rate_per_s``
+            seconds); new ones past it share one bucket, so made-up inboxes cannot grow memory. At most 100 000.
         log_format: ``auto`` (JSON unless stderr is a terminal), ``json`` or ``console``.
         store: the DuckDB history (``[store]``), see :class:`StoreConfig`.
         alerts: the webhook sink (``[alerts]``), see :class:`AlertsConfig`.
@@ -400,6 +442,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     http_host: str = "127.0.0.1"
     http_port: int = 9464
     http_token_file: str = ""
+    http_allowed_hosts: str | list[str] = ""
     fetch_batch: int = 1024
     fetch_max_bytes: int = 8 * 2**20
     fetch_timeout_s: float = 0.25
@@ -409,8 +452,12 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     query_memory_bytes: int = 512 * 2**20
     query_spill_bytes: int = 256 * 2**20
     query_concurrency: int = 2
+    query_rate_per_s: float = 20.0
+    query_burst: int = 40
+    query_askers_max: int = 1024
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """The lowest level logged: ``debug``, ``info``, ``warning`` or ``error``."""
     stream: StreamConfig = StreamConfig()
     store: StoreConfig = StoreConfig()
     alerts: AlertsConfig = AlertsConfig()
@@ -436,13 +483,20 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require("embedded_tls_key", self.embedded_tls_key, "given together with embedded_tls_cert", both)
         _require("http_host", self.http_host, "a host name or address", bool(self.http_host.strip()))
         _port("http_port", self.http_port)
-        _require("fetch_batch", self.fetch_batch, "an integer >= 1", self.fetch_batch >= 1)
-        _require("fetch_max_bytes", self.fetch_max_bytes, "an integer >= 1", self.fetch_max_bytes >= 1)
-        _require("query_row_limit", self.query_row_limit, "an integer >= 1", self.query_row_limit >= 1)
-        for key in ("query_max_bytes", "query_memory_bytes", "query_spill_bytes", "query_concurrency"):
-            _require(key, getattr(self, key), "an integer >= 1", getattr(self, key) >= 1)
+        for key in ("fetch_batch", "query_row_limit", "query_concurrency"):
+            _within(key, getattr(self, key), 1, MAX_COUNT)
+        for key in ("fetch_max_bytes", "query_max_bytes", "query_memory_bytes", "query_spill_bytes"):
+            _within(key, getattr(self, key), 1, MAX_BYTES)
         for key in ("connect_timeout_s", "fetch_timeout_s", "query_timeout_s"):
             _positive(key, getattr(self, key))
+        _positive("query_rate_per_s", self.query_rate_per_s, most=10_000)
+        _within("query_burst", self.query_burst, 1, 100_000)
+        _within("query_askers_max", self.query_askers_max, 1, 100_000)
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        """``http_allowed_hosts`` as a list of names."""
+        return _names(self.http_allowed_hosts)
 
     @property
     def db_path(self) -> Path:

@@ -184,15 +184,23 @@ class DaemonMetrics:
     detector_disabled: dict[str, set[str]] = field(default_factory=dict)
     """Runs each detector skips after it raised on them, until they end or restart."""
     dead_letters: Counter[str] = field(default_factory=Counter)
+    forged_records: Counter[str] = field(default_factory=Counter)
+    """Records only the daemon writes (anomaly, canary) refused from agent subjects, by kind."""
     anomalies: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     """Alert updates by (detector, severity, state)."""
     webhook: Counter[str] = field(default_factory=Counter)
     """Webhook deliveries by outcome: sent, failed, retried, dropped."""
+    webhook_dropped: Counter[str] = field(default_factory=Counter)
+    """Webhook updates dropped, by reason: superseded (a newer one of its episode), queue_full, stopped."""
     consumer_lag: int = 0
     last_commit: float = 0.0
     last_seq: int = 0
     batch_write_seconds: Histogram = field(default_factory=Histogram)
     queries: Counter[str] = field(default_factory=Counter)
+    replies_refused: Counter[str] = field(default_factory=Counter)
+    """Requests not answered because of their reply subject (not an asker's inbox), by responder."""
+    web_queries: Counter[str] = field(default_factory=Counter)
+    """Queries the web view ran, by endpoint (an answer shared by many requests counts once)."""
     broker_connected: bool = False
     canary_verdicts: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Canary verdicts by (fault kind or ``none``, verdict)."""
@@ -271,6 +279,13 @@ class DaemonMetrics:
             self.dead_letters,
             "malformed",
         )
+        yield _by_label(
+            "vigil_forged_records_total",
+            "Records only the daemon writes (alerts, canary verdicts) refused from agents' subjects, by kind.",
+            "kind",
+            self.forged_records,
+            "anomaly",
+        )
         anomalies = CounterMetricFamily(
             "vigil_anomalies_total",
             "Alert updates (an episode opens, escalates, clears), by detector.",
@@ -285,6 +300,13 @@ class DaemonMetrics:
             "outcome",
             self.webhook,
         )
+        yield _by_label(
+            "vigil_alert_webhook_dropped_total",
+            "Alert updates not posted to the webhook, by reason (superseded: a newer update of its episode went"
+            " instead; queue_full; stopped).",
+            "reason",
+            self.webhook_dropped,
+        )
         yield GaugeMetricFamily(
             "vigil_consumer_lag", "Messages in the stream not yet committed.", value=self.consumer_lag
         )
@@ -298,6 +320,16 @@ class DaemonMetrics:
             "vigil_broker_connected", "Whether the daemon is connected to NATS.", value=int(self.broker_connected)
         )
         yield _by_label("vigil_queries_total", "SQL queries answered, by outcome.", "outcome", self.queries)
+        yield _by_label(
+            "vigil_replies_refused_total",
+            "Requests not answered: their reply subject is no inbox of a user that may ask, by responder.",
+            "responder",
+            self.replies_refused,
+            "sql",
+        )
+        yield _by_label(
+            "vigil_web_queries_total", "Queries the web view ran, by endpoint.", "endpoint", self.web_queries
+        )
         h = self.batch_write_seconds
         yield HistogramMetricFamily(
             "vigil_batch_write_seconds",

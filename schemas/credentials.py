@@ -14,12 +14,17 @@ The file is TOML, so a person can read which user it is::
     password = "..."
 
 Replies to a user go to ``_INBOX.<user>.>`` (:func:`inbox_prefix`), so the server's permissions can
-let each role read its own replies and nobody else's (an agent never sees a reader's SQL answers).
+let each user read its own replies and nobody else's (an agent never sees a reader's SQL answers). Each
+connection then keeps its inboxes under one random token of its own, ``_INBOX.<user>.<token>.…``
+(:meth:`BusAccess.connect_options`): every inbox nats-py makes for it (``new_inbox()``, ``request()``'s, the
+agent's acks) is there, and nothing of another connection is. Connections of one user can still read each
+other's (the server grants per user): ``vigil auth DIR --team`` gives a team's agents a user of their own.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import ssl
 import tomllib
 from pathlib import Path
@@ -48,9 +53,20 @@ class Credentials(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("password must not be empty")
 
 
+INBOX_ROOT = "_INBOX"
+"""Where every inbox lives: nats-py's default prefix, and the root of each user's."""
+CONNECTION_TOKEN_BYTES = 6
+"""Random bytes of the token that keeps one connection's inboxes apart (12 hex characters, 48 bits)."""
+
+
 def inbox_prefix(user: str) -> str:
     """Where replies to ``user`` go (``_INBOX.<user>``): a prefix the server can grant to that user alone."""
-    return f"_INBOX.{user}"
+    return f"{INBOX_ROOT}.{user}"
+
+
+def connection_inbox_prefix(user: str) -> str:
+    """A fresh prefix for one connection of ``user``: ``_INBOX.<user>.<random token>``."""
+    return f"{inbox_prefix(user)}.{secrets.token_hex(CONNECTION_TOKEN_BYTES)}"
 
 
 def credentials_text(creds: Credentials, role: str, note: str) -> str:
@@ -107,7 +123,8 @@ class BusAccess(msgspec.Struct, frozen=True):
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``: user, password and inbox prefix; the TLS context.
 
-        The files are read at each call, so a client that reconnects later picks up a rotated file.
+        The inbox prefix is new at each call (:func:`connection_inbox_prefix`): one per connection. The
+        files are read at each call, so a client that reconnects later picks up a rotated file.
 
         Raises:
             ConfigError: a file cannot be read (see :func:`read_credentials`, :func:`tls_context`).
@@ -115,7 +132,7 @@ class BusAccess(msgspec.Struct, frozen=True):
         options: dict[str, Any] = {}
         if self.creds:
             creds = read_credentials(self.creds)
-            options.update(user=creds.user, password=creds.password, inbox_prefix=inbox_prefix(creds.user))
+            options.update(user=creds.user, password=creds.password, inbox_prefix=connection_inbox_prefix(creds.user))
         if self.tls_ca:
             options["tls"] = tls_context(self.tls_ca)
         return options

@@ -8,6 +8,8 @@ import msgspec
 
 from trainvigil.errors import QueryRefusedError
 
+from .sqltypes import ColumnTypeError, SqlType, parse_type
+
 MAX_SQL_CHARS = 100_000
 """Characters in one query's SQL."""
 
@@ -43,6 +45,16 @@ class QueryResult(msgspec.Struct, frozen=True):
     truncated_by: Literal["", "rows", "bytes"] = ""
     """Which budget cut the answer: ``rows`` (the row limit) or ``bytes`` (``query_max_bytes``); empty when
     it is whole. A daemon older than this field sends only ``truncated`` and ``note``."""
+
+    def column_types(self) -> list[SqlType]:
+        """``types`` parsed (:func:`~trainvigil.schemas.sqltypes.parse_type`): the only form SQL is written from.
+
+        Raises:
+            ColumnTypeError: a type is not one a daemon sends, or there is not one type per column.
+        """
+        if len(self.types) != len(self.columns):
+            raise ColumnTypeError(f"the answer has {len(self.columns)} columns but {len(self.types)} column types")
+        return [parse_type(t) for t in self.types]
 
 
 def validate(request: QueryRequest) -> QueryRequest:

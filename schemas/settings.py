@@ -15,12 +15,26 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import stamina
 
 ENV_PREFIX = "VIGIL_"
+
+MAX_WAIT_S = 86_400.0
+"""A day: the upper bound of every timeout, interval and wait setting, the agent's and the daemon's. Longer is
+a typo or a hostile value, and one like ``1e300`` overflows the event loop's timers and JetStream's nanoseconds."""
+MAX_RETENTION_S = 10 * 365 * 86_400.0
+"""Ten years: the upper bound of how long a setting may keep data (``stream.max_age_s``, where 0 means no limit)."""
+MAX_BYTES = 2**50
+"""1 PiB: the upper bound of every size setting in bytes."""
+MAX_COUNT = 2**31 - 1
+"""The upper bound of every count setting (buffered steps, messages in flight, rows, queue entries)."""
+
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=MAX_WAIT_S, description="seconds, > 0 and at most a day")]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES, description="bytes, at most 1 PiB")]
+Count = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT, description="a count >= 1, at most 2**31 - 1")]
 
 KeyPath = tuple[str, ...]
 S = TypeVar("S", bound=msgspec.Struct)

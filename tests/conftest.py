@@ -27,8 +27,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Collecting imports every test module, and with them torch, JAX, Ray and transformers: ~700 000 objects,
     whose full garbage collection takes ~0.4 s on this machine. Frozen once here, no later collection walks them,
-    so a test's guard against blocking (``log()`` never waits on the network) never times one: a clean-clone CI
-    run failed ``test_ten_thousand_log_calls_never_block_without_a_broker`` on a 416 ms ``log()`` so."""
+    so a test's guard against blocking (``log()`` never waits on the network) never times one: on a loaded
+    machine ``test_ten_thousand_log_calls_never_block_without_a_broker`` failed on a 416 ms ``log()`` so."""
     gc.collect()
     gc.freeze()
 

@@ -16,9 +16,10 @@ from typing import Any
 from _wait import wait_until as wait_for  # the one deadline helper, shared with bench/ (tests call it wait_for)
 
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
-from trainvigil.daemon.cli.sqlclient import ask_daemon
+from trainvigil.daemon.cli.sqlclient import _ask, _connect, ask_daemon
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.query import QueryRequest, QueryResult
+from trainvigil.schemas.shards import ShardId
 
 HERE = Path(__file__).parent
 CHILD_OFFSET = 1_000_000
@@ -153,13 +154,73 @@ class SecuredDaemon(Daemon):
         return self.data_dir / "bus" / f"{role}.toml"
 
 
+class ShardDaemon(Daemon):
+    """``vigil up --shard I/N``; :meth:`sql` asks this shard alone, on its own subject (as the daemon's
+    credentials when ``env`` names them: a test reads what it stored)."""
+
+    def __init__(self, nats_url: str, data_dir: Path, shard: ShardId, env: dict[str, str] | None = None) -> None:
+        super().__init__(nats_url, data_dir, "--shard", str(shard), env=env)
+        self.shard = shard
+        if creds := (env or {}).get("VIGIL_NATS_CREDS"):
+            self.access = BusAccess(creds=creds)
+
+    def sql(self, sql: str) -> QueryResult:
+        async def ask() -> QueryResult | None:
+            conn = await _connect(self.nats_url, self.access)
+            assert conn is not None and conn.nc is not None, "no broker answered"
+            try:
+                return await _ask(
+                    conn, self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, self.shard.query_subject
+                )
+            finally:
+                await conn.nc.close()
+
+        result = asyncio.run(ask())
+        assert result is not None, f"shard {self.shard} does not answer"
+        assert not result.error, result.error
+        return result
+
+
+class AuthBroker(NatsServer):
+    """A nats-server running the configuration that ``vigil auth ROOT/bus AUTH_ARGS`` wrote (users,
+    permissions, and with ``--shards`` the mappings); :meth:`creds` names a user's file there."""
+
+    def __init__(self, root: Path, *auth_args: str) -> None:
+        self.auth_dir = root / "bus"
+        done = vigil("auth", str(self.auth_dir), *auth_args, timeout=60)
+        assert done.returncode == 0, done.stderr
+        super().__init__(root / "jetstream", self.auth_dir / "nats-server.conf")
+
+    def creds(self, user: str) -> Path:
+        """The credentials file of ``user`` (a role, or ``agent-TEAM``) that ``vigil auth`` wrote."""
+        return self.auth_dir / f"{user}.toml"
+
+
 @contextmanager
-def serving(root: Path, env: dict[str, str] | None = None) -> Iterator[Daemon]:
-    """A nats-server and a daemon (``env``: more variables for it) of their own under ``root``, for a
-    module-scoped fixture whose tests only read what the daemon holds; both are stopped at the end."""
+def secured_shard(root: Path, *auth_args: str) -> Iterator[tuple[AuthBroker, ShardDaemon]]:
+    """A broker with users and one shard's mappings (``vigil auth ROOT/bus --shards 1 AUTH_ARGS``) and that
+    shard (``vigil up --shard 0/1`` with the daemon's credentials), for a module-scoped fixture."""
+    broker = AuthBroker(root, "--shards", "1", *auth_args)
+    broker.start()
+    daemon = ShardDaemon(
+        broker.url, root / "data", ShardId(0, 1), env={"VIGIL_NATS_CREDS": str(broker.creds("daemon"))}
+    )
+    try:
+        daemon.start()
+        yield broker, daemon
+        daemon.terminate()
+    finally:
+        broker.stop()
+
+
+@contextmanager
+def serving(root: Path, env: dict[str, str] | None = None, *, args: Sequence[str] = ()) -> Iterator[Daemon]:
+    """A nats-server and a daemon (``env``: more variables for it, ``args``: more ``vigil up`` arguments) of
+    their own under ``root``, for a module-scoped fixture whose tests only read what the daemon holds; both
+    are stopped at the end."""
     server = NatsServer(root / "jetstream")
     server.start()
-    daemon = Daemon(server.url, root / "data", env=env)
+    daemon = Daemon(server.url, root / "data", *args, env=env)
     try:
         daemon.start()
         yield daemon

@@ -561,7 +561,7 @@ def _errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 def test_numpy_event_field_and_array_metric_lose_only_themselves(
     broker: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The two reproductions of issue 9, amid ordinary steps, against a real broker."""
+    """The two reproductions, amid ordinary steps, against a real broker."""
     caplog.set_level(logging.WARNING, logger="trainvigil.agent")
     agent = _agent(broker, tmp_path)
     worker = agent._worker

@@ -1,4 +1,4 @@
-"""Who may do what on the bus (issue 11 B): ``vigil up --auth`` and the nats-server config it writes.
+"""Who may do what on the bus: ``vigil up --auth`` and the nats-server config it writes.
 
 One real daemon with its bundled nats-server for the module. Every attack goes through that
 server with a role's generated credentials (or none, or a wrong password), as an attacker on the

@@ -1,4 +1,4 @@
-"""TLS on the bus (issue 11 B.2): the bundled nats-server with a certificate signed by a CA made here.
+"""TLS on the bus: the bundled nats-server with a certificate signed by a CA made here.
 
 The agent, the daemon and ``vigil sql`` connect over TLS trusting that CA (``VIGIL_NATS_TLS_CA``);
 a client that does not trust it, or that speaks plain text, gets nothing through.

@@ -1,4 +1,4 @@
-"""The canary workloads (issue 13, part 1): real training through a real nats-server and daemon.
+"""The canary workloads: real training through a real nats-server and daemon.
 
 Each workload run clean raises nothing at all; each fault kind on its workload is caught by its
 detector at or after the injection, and no other detector pages. The runs of a phase run side by

@@ -23,47 +23,18 @@ import nats
 import pytest
 import support
 from _cluster import NatsCluster
-from support import HERE, Daemon, wait_for
+from support import HERE, ShardDaemon, wait_for
 
 from trainvigil.daemon import config as config_mod
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
 from trainvigil.daemon.cli._shard_plan import plan
-from trainvigil.daemon.cli.sqlclient import QuerySource, _ask, _connect
+from trainvigil.daemon.cli.sqlclient import QuerySource
 from trainvigil.errors import ConfigError, QueryRefusedError
 from trainvigil.schemas import STREAM_SUBJECTS
-from trainvigil.schemas.credentials import BusAccess
-from trainvigil.schemas.query import QueryRequest, QueryResult
+from trainvigil.schemas.query import QueryResult
 from trainvigil.schemas.shards import ShardId, shard_of
 
 SHARDS = 2
-
-
-class ShardDaemon(Daemon):
-    """``vigil up --shard I/N`` against a cluster; :meth:`sql` asks this shard alone, on its own subject."""
-
-    def __init__(self, nats_url: str, data_dir: Path, shard: ShardId, env: dict[str, str] | None = None) -> None:
-        super().__init__(nats_url, data_dir, "--shard", str(shard), env=env)
-        self.shard = shard
-        if creds := (env or {}).get("VIGIL_NATS_CREDS"):
-            self.access = BusAccess(creds=creds)
-
-    def sql(self, sql: str) -> QueryResult:
-        """``sql`` on this shard alone (as the daemon's credentials: a test reads what it stored)."""
-
-        async def ask() -> QueryResult | None:
-            conn = await _connect(self.nats_url, self.access)
-            assert conn is not None and conn.nc is not None, "no broker answered"
-            try:
-                return await _ask(
-                    conn, self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, self.shard.query_subject
-                )
-            finally:
-                await conn.nc.close()
-
-        result = asyncio.run(ask())
-        assert result is not None, f"shard {self.shard} does not answer"
-        assert not result.error, result.error
-        return result
 
 
 vigil = functools.partial(support.vigil, timeout=60)
@@ -178,7 +149,7 @@ def test_a_cluster_loses_and_repeats_nothing_when_a_nats_node_and_a_shard_are_ki
 ) -> None:
     """3 NATS nodes, R3 streams, 2 shards, 8 runs from 4 agent processes; SIGKILL the node leading shard 0's
     stream and, separately, shard 1 (restarted 5 s later): every step stored once, each run on its one shard."""
-    # The issue's shape: 4 agent processes x 50 000 steps across 8 runs, paced to last ~20 s.
+    # The shape to hold: 4 agent processes x 50 000 steps across 8 runs, paced to last ~20 s.
     steps, pace = 25_000, 0.0008
     shards = start_shards(cluster.url, {"VIGIL_STREAM_REPLICAS": "3"})
     for i in range(SHARDS):

@@ -1,4 +1,4 @@
-"""A process that dies of an uncaught exception is a failed run, not a healthy one (issue 12).
+"""A process that dies of an uncaught exception is a failed run, not a healthy one.
 
 Real processes: nats-server, ``vigil up`` and training scripts that raise; the user's own
 ``sys.excepthook`` still runs.

@@ -1,8 +1,8 @@
-"""Detection judged on recorded real training (issue 12): the corpus in ``tests/data/corpus/``
+"""Detection judged on recorded real training: the corpus in ``tests/data/corpus/``
 (real PPO on gymnasium, a real CNN on scikit-learn's digits, a small GPT on real text; faults
 injected into the real training), replayed through the detectors as live ingest feeds them.
 
-Each row of the issue's table of findings has a test here: no false page from the spike and
+Each finding on the corpus has a test here: no false page from the spike and
 KL detectors on healthy real runs, kl_explode on LR x50/x100, reward_hack on a learnable
 exploit and an entropy collapse (and not on an LR blow-up), printed thresholds the value
 crossed, a declared ``target_kl``, and slowdown's severity following the measured speed.

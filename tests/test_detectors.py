@@ -476,7 +476,7 @@ def test_a_cleanly_ended_stream_leaves_no_state_behind() -> None:
     assert all(("run", 0) not in d._streams for d in stateful)
 
 
-# ---- recovery means recovered (issue 21 part 3) -------------------------------------------------
+# ---- recovery means recovered --------------------------------------------------------------------
 
 
 def test_a_loss_that_settles_worse_after_an_lr_jump_stays_open_as_degraded_and_names_the_lr() -> None:

@@ -1,4 +1,4 @@
-"""A full disk never stops the daemon nor costs a step (issue 19 E).
+"""A full disk never stops the daemon nor costs a step.
 
 The data directory sits on a small tmpfs the test mounts (root only); agents log until it is
 full, then the test grows it: the daemon pauses (``disk_full`` in its log, ``/healthz`` not

@@ -80,7 +80,7 @@ def test_nan_grad_at_50_is_an_event_and_a_non_finite_page_at_50_and_its_clean_tw
 
 
 def test_the_example_script_with_nan_grad_at_50_pages_non_finite_at_50(daemon: Daemon, nats_server: NatsServer) -> None:
-    """The issue's recipe: ``VIGIL_FAULT=nan_grad@50 python examples/train_mlp.py`` against ``vigil up``."""
+    """The documented recipe: ``VIGIL_FAULT=nan_grad@50 python examples/train_mlp.py`` against ``vigil up``."""
     _ok(_start(MLP, nats_server.url, "fault-mlp", "nan_grad@50", "--steps", "80"))
     wait_for(lambda: daemon.scalar("select count(*) from anomalies where run_id = 'fault-mlp'") > 0, 60, "the page")
     assert daemon.terminate() == 0

@@ -1,4 +1,4 @@
-"""A full stream never drops steps silently (issue 19 B).
+"""A full stream never drops steps silently.
 
 With ``discard = "new"`` (the default) a full stream refuses what an agent publishes; the
 agent keeps it and retries, and once the daemon has committed and purged the backlog every

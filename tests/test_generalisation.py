@@ -1,4 +1,4 @@
-"""``generalisation`` (issue 21 part 2): validation loss up while training loss goes down.
+"""``generalisation``: validation loss up while training loss goes down.
 
 Judged on recorded real runs (the corpus: a small GPT trained on real text, clean and with the
 same batch repeated from a step on), plus the rules' edges on small hand-made series.

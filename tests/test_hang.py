@@ -1,4 +1,4 @@
-"""``hang``: progress, not liveness (issue 21 part 1). Pure detector logic on decoded batches,
+"""``hang``: progress, not liveness. Pure detector logic on decoded batches,
 plus the agent's stack probe on a real blocked thread."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A training loop blocked inside a live process pages ``hang`` with where it is stuck (issue 21).
+"""A training loop blocked inside a live process pages ``hang`` with where it is stuck.
 
 Real processes: nats-server, ``vigil up`` and a training script whose loop blocks in a function
 for longer than the (test-sized) hang bound while the agent's heartbeats keep arriving.

@@ -1,4 +1,4 @@
-"""The history file stays readable by the tools people use (issue 9 E).
+"""The history file stays readable by the tools people use.
 
 A file the store writes opens in a DuckDB 1.x CLI (``duckdb-cli`` from PyPI, the ``dev`` extra);
 times are TIMESTAMPTZ instants; every table and column says what it holds and in which unit;

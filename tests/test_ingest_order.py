@@ -1,4 +1,4 @@
-"""Every acknowledged message is stored exactly once, whatever order JetStream delivers in (issue 10).
+"""Every acknowledged message is stored exactly once, whatever order JetStream delivers in.
 
 A real nats-server and real ``vigil up`` processes. Out-of-order delivery is forced by fetching
 from the daemon's own durable consumer while the daemon is paused (SIGSTOP), the way a message
@@ -36,7 +36,7 @@ from trainvigil.schemas import Column, Envelope, Source, StepBatch, encode
 
 STREAM = StreamConfig()
 BIG = 8000
-"""Steps per message in the backlog: 8 float64/int64 columns x 8000 = 0.5 MB, as in issue 10."""
+"""Steps per message in the backlog: 8 float64/int64 columns x 8000 = 0.5 MB, as big as real messages get."""
 
 
 def _message(run_id: str, rank: int, index: int, steps: int) -> bytes:
@@ -264,7 +264,7 @@ def test_a_consumer_recreated_from_the_start_redelivers_everything_and_nothing_i
         assert _metrics(daemon.http_port)["vigil_messages_skipped_total"] == 20, "each old message skipped once"
 
 
-# ---- a backlog of big messages (issue 10 at test size) ----------------------------------------------------
+# ---- a backlog of big messages, at test size --------------------------------------------------------------
 
 RANKS = 8
 

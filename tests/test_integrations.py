@@ -1,6 +1,6 @@
 """The framework integrations against the real libraries: a real training process per framework (transformers'
 Trainer, Lightning, Stable-Baselines3) logs through a real nats-server into a real daemon. Each script below
-is an example script of ``examples/integrations/`` (the README's examples), with the sizes a test can afford."""
+is an example script of ``examples/integrations/`` (the docs' examples), with the sizes a test can afford."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from support import Daemon, NatsServer, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "integrations"
-"""The README's example scripts, run here with the sizes a test can afford."""
+"""The documented example scripts, run here with the sizes a test can afford."""
 HF = ["hf_trainer.py", "{tmp}", "--steps", "20", "--log-every", "5", "--save-every", "10", "--eval-every", "10"]
 LIGHTNING = ["lightning_regression.py", "{tmp}", "--epochs", "2", "--batches", "16", "--log-every", "4",
              "--grad-every", "1"]  # fmt: skip

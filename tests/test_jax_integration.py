@@ -25,7 +25,7 @@ from trainvigil.agents.columnar import _to_floats
 from trainvigil.agents.integrations import jax as vigil_jax
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "integrations" / "jax_mlp.py"
-"""The README's JAX example, a whole script."""
+"""The docs' JAX example, a whole script."""
 
 
 def test_a_nan_in_jitted_gradients_pages_on_its_step_and_pytree_checkpoints_verify(

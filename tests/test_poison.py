@@ -1,6 +1,6 @@
-"""Messages that decode but cannot be stored never stop ingest (issue 19 A).
+"""Messages that decode but cannot be stored never stop ingest.
 
-Each poison from the issue's table sits between two valid messages: the valid ones are
+Each kind of poison sits between two valid messages: the valid ones are
 stored, the poison is a dead letter with its reason, and the offset moves past all three.
 """
 
@@ -269,7 +269,7 @@ async def _publish(url: str, items: list[tuple[str, bytes]]) -> None:
 
 
 def test_poison_on_the_bus_never_stops_the_daemon(daemon: Daemon, nats_server: NatsServer) -> None:
-    """Every row of the issue's table, through a real nats-server and a real daemon."""
+    """Every kind of poison, through a real nats-server and a real daemon."""
     items = [("vigil.v1.r.run", _valid_event("first"))]
     for name in sorted(POISON):
         items.append(("vigil.v1.r.run", POISON[name]))

@@ -15,7 +15,7 @@ from support import Daemon, NatsServer, wait_for
 pytest.importorskip("ray.train.torch")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "integrations" / "ray_train.py"
-"""The README's Ray Train example, a whole script."""
+"""The docs' Ray Train example, a whole script."""
 
 
 def test_ray_train_workers_log_as_the_ranks_of_one_run_with_no_arguments(

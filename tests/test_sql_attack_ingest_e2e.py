@@ -1,6 +1,6 @@
 """Attack queries while a run logs: ingest keeps committing, every step lands once, the daemon lives.
 
-The queries of issue 11's reproduction (a result as large as memory, a list of 10^8 values, a cross
+The attack queries (a result as large as memory, a list of 10^8 values, a cross
 join of 10^9 x 10^9, a delete hidden in a CTE) go to a real daemon through ``vigil sql`` while a real
 training process logs 4 000 steps over ~8 s. The one timing asserted is a guard against starvation:
 commits never stop for longer than a bound far above their normal pace (a batch every ~0.25 s).

@@ -32,7 +32,7 @@ def default_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]
 
 
 def test_the_readme_recipe_past_the_daemons_row_limit_says_so_and_exits_4(default_daemon: Daemon) -> None:
-    """The issue's reproduction: --limit 10000000 while the daemon caps answers at 10 000 rows."""
+    """The reproduction: --limit 10000000 while the daemon caps answers at 10 000 rows."""
     done = vigil(
         "sql", "select step, loss from steps order by step", "--format", "csv", "--limit", "10000000",
         "--nats", default_daemon.nats_url,

@@ -1,6 +1,6 @@
 """The store when DuckDB runs out of memory mid-write: it waits, then stores every message once.
 
-Reproduced by ``test_sql_attack_ingest_e2e.py`` on a loaded machine (CI, stop 40): an attack query took
+Reproduced by ``test_sql_attack_ingest_e2e.py`` on a loaded CI machine: an attack query took
 DuckDB's memory while a batch was written; the batch's ROLLBACK found no memory either, so the writer's
 connection stayed in an aborted transaction. The next try's ``BEGIN`` then failed with "Current
 transaction is aborted", which the store took for a fault of the message: it dead-lettered a message of

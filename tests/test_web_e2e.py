@@ -26,8 +26,10 @@ import trainvigil
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts")) / "web"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-RUN, XSS, LONG = "web-run", "<script>alert(1)</script>", "long-run"
+RUN, XSS, LONG, MANY = "web-run", "<script>alert(1)</script>", "long-run", "many-metrics"
 STEPS, NAN_STEP, LONG_STEPS, SPIKE_STEP = 300, 200, 6000, 4321
+MANY_METRICS, MANY_STEPS = 300, 10
+MAX_CHARTS = 60  # vigil.js draws at most this many charts on a run page
 LONG_STEP_S = 50e-6
 VIGIL = [sys.executable, "-m", "trainvigil.daemon.cli"]
 
@@ -41,6 +43,10 @@ class Site:
 
     def get(self, path: str) -> httpx.Response:
         return httpx.get(self.base + path, trust_env=False, timeout=10)
+
+
+def _many(i: int) -> str:
+    return f"m{i:03d}"
 
 
 def _loss(step: int, rank: int) -> float:
@@ -60,7 +66,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         ranks = [trainvigil.init(RUN, rank, nats.url, flush_interval=0.05) for rank in (0, 1)]
         xss = trainvigil.init(XSS, 0, nats.url, flush_interval=0.05)
         long = trainvigil.init(LONG, 0, nats.url, flush_interval=0.05)
-        agents = [*ranks, xss, long]
+        many = trainvigil.init(MANY, 0, nats.url, flush_interval=0.05)
+        agents = [*ranks, xss, long, many]
+        for step in range(MANY_STEPS):
+            many.log(step, **{_many(i): i + step / 10 for i in range(MANY_METRICS)})
         for step in range(STEPS):
             for rank, agent in enumerate(ranks):
                 grad = float("nan") if (rank, step) == (0, NAN_STEP) else 1.0 + 0.1 * math.sin(step / 9)
@@ -69,14 +78,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         ranks[0].event("eval", step=150, accuracy=0.9)
         # Paced, 6 000 steps over ~0.3 s: dragging across the time axis assumes steps spread evenly in time. Logged back
         # to back they took a few ms, and one GIL hand-over to the agent's thread (up to 5 ms) left most of the
-        # axis empty: a drag over its middle third then asked for steps 0-3096 (a loaded clean-clone run).
+        # axis empty: a drag over its middle third then asked for steps 0-3096 (a run on a loaded machine).
         start = time.perf_counter()
         for step in range(LONG_STEPS):
             while time.perf_counter() < start + step * LONG_STEP_S:
                 pass
             long.log(step, loss=100.0 if step == SPIKE_STEP else 1.0 + (step % 2) * 0.01)
         assert all(agent.flush(30) for agent in agents)
-        total = 2 * STEPS + STEPS + LONG_STEPS
+        total = 2 * STEPS + STEPS + LONG_STEPS + MANY_STEPS
         wait_for(lambda: daemon.scalar("select count(*) from steps") == total, 30, "every step committed")
         wait_for(
             lambda: daemon.scalar(f"select count(*) from anomalies where run_id = '{RUN}' and detector = 'non_finite'"),
@@ -145,16 +154,19 @@ def page(browser: object) -> Iterator[object]:
     tab = context.new_page()
     tab.dialogs = []  # an alert() would mean a script got through
     tab.errors = []
+    tab.blocked = []  # what the Content-Security-Policy refused: the pages must need nothing it forbids
     tab.on("dialog", lambda d: (tab.dialogs.append(d.message), d.dismiss()))
     tab.on("pageerror", lambda e: tab.errors.append(str(e)))
+    tab.on("console", lambda m: "Content Security Policy" in m.text and tab.blocked.append(m.text))
     yield tab
     context.close()
     assert not tab.errors, tab.errors
+    assert not tab.blocked, tab.blocked
 
 
 def _open(page: object, site: Site, path: str) -> None:
     page.goto(site.base + path)  # type: ignore[attr-defined]
-    page.wait_for_function("document.body.dataset.ready === '1'", timeout=10_000)  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.body.dataset.ready === '1'", timeout=10_000)  # type: ignore[attr-defined]
 
 
 def _shot(page: object, name: str) -> None:
@@ -165,7 +177,7 @@ def _shot(page: object, name: str) -> None:
 def test_the_runs_page_lists_every_run_and_renders_a_script_run_id_as_text(site: Site, page: object) -> None:
     _open(page, site, "/")
     links = page.locator("#runs tbody a")  # type: ignore[attr-defined]
-    assert sorted(links.all_text_contents()) == sorted([RUN, XSS, LONG])
+    assert sorted(links.all_text_contents()) == sorted([RUN, XSS, LONG, MANY])
     assert page.locator("#runs script").count() == 0  # type: ignore[attr-defined]
     _shot(page, "runs.png")
     assert page.dialogs == []  # type: ignore[attr-defined]
@@ -195,13 +207,13 @@ def test_the_run_page_draws_a_chart_per_metric_with_the_alert_episode_on_grad_no
 
 def test_a_step_logged_while_the_run_page_is_open_appears_within_2_s(site: Site, page: object) -> None:
     _open(page, site, "/run?id=" + quote(RUN))
-    page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
     new = STEPS + 50
     site.agents[0].log(new, loss=0.01, grad_norm=1.0)
     assert site.agents[0].flush(10)
     logged = time.monotonic()
     page.wait_for_function(  # type: ignore[attr-defined]
-        f"+document.querySelector('#chart-loss').dataset.lastStep >= {new}", timeout=5000
+        f"() => +document.querySelector('#chart-loss').dataset.lastStep >= {new}", timeout=5000
     )
     assert time.monotonic() - logged < 2.0, "a live page shows a new step within 2 s"
 
@@ -211,16 +223,16 @@ def test_a_live_update_refetches_the_charts_on_screen_and_one_out_of_view_once_s
 ) -> None:
     page.set_viewport_size({"width": 1400, "height": 450})  # type: ignore[attr-defined]  # one row of charts
     _open(page, site, "/run?id=" + quote(RUN))
-    page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
     below = page.locator("#chart-my_metric")  # type: ignore[attr-defined]
     before = int(below.get_attribute("data-last-step") or 0)
     new = STEPS + 100
     site.agents[1].log(new, loss=0.01, my_metric=1.0)
     assert site.agents[1].flush(10)
-    page.wait_for_function(f"+document.querySelector('#chart-loss').dataset.lastStep >= {new}", timeout=5000)  # type: ignore[attr-defined]
+    page.wait_for_function(f"() => +document.querySelector('#chart-loss').dataset.lastStep >= {new}", timeout=5000)  # type: ignore[attr-defined]
     assert int(below.get_attribute("data-last-step") or 0) == before, "a chart out of view is not refetched"
     below.scroll_into_view_if_needed()
-    page.wait_for_function(f"+document.querySelector('#chart-my_metric').dataset.lastStep >= {new}", timeout=5000)  # type: ignore[attr-defined]
+    page.wait_for_function(f"() => +document.querySelector('#chart-my_metric').dataset.lastStep >= {new}", timeout=5000)  # type: ignore[attr-defined]
 
 
 def test_the_run_page_of_a_script_run_id_shows_it_as_text(site: Site, page: object) -> None:
@@ -248,7 +260,7 @@ def test_the_run_page_draws_wall_time_on_the_x_axis_with_units_marks_and_zoom(si
     assert "+" in legend_x and "step" in legend_x, f"the hovered time and its step: {legend_x!r}"
     _shot(page, "run-wall-time.png")
     page.select_option("#xaxis", "step")  # type: ignore[attr-defined]
-    page.wait_for_function("document.querySelector('#chart-loss').dataset.xmode === 'step'")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelector('#chart-loss').dataset.xmode === 'step'")  # type: ignore[attr-defined]
     assert "x=time" not in page.url  # type: ignore[attr-defined]
 
 
@@ -262,12 +274,12 @@ def test_dragging_a_range_on_either_x_axis_fetches_the_steps_inside_it(site: Sit
     page.mouse.down()  # type: ignore[attr-defined]
     page.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)  # type: ignore[attr-defined]
     page.mouse.up()  # type: ignore[attr-defined]
-    page.wait_for_function("document.querySelector('#chart-loss .note').textContent.includes('steps')")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelector('#chart-loss .note').textContent.includes('steps')")  # type: ignore[attr-defined]
     lo, hi = (
         int(v) for v in loss.locator(".note").inner_text().rpartition("steps ")[2].split("\u2013")
     )  # the note writes an en dash
     assert 0 < lo < hi < LONG_STEPS - 1, (lo, hi)
-    page.wait_for_function(f"+document.querySelector('#chart-loss').dataset.lastStep <= {hi}")  # type: ignore[attr-defined]
+    page.wait_for_function(f"() => +document.querySelector('#chart-loss').dataset.lastStep <= {hi}")  # type: ignore[attr-defined]
     assert loss.get_attribute("data-xmode") == xmode, "zoomed in, on the same axis"
 
 
@@ -278,11 +290,11 @@ def test_compare_overlays_every_rank_of_each_run_named_in_the_legend(site: Site,
     page.locator("#ranks input[data-rank='all']").uncheck()  # type: ignore[attr-defined]
     page.locator("#ranks input[data-rank='0']").uncheck()  # type: ignore[attr-defined]
     page.locator("#ranks input[data-rank='1']").check()  # type: ignore[attr-defined]
-    page.wait_for_function("document.querySelectorAll('.u-legend .u-label').length === 2")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelectorAll('.u-legend .u-label').length === 2")  # type: ignore[attr-defined]
     assert _legend(page) == [f"{RUN} · rank 1"], "a rank a run lacks draws nothing for it"
     assert "ranks=1" in page.url  # type: ignore[attr-defined]
     page.select_option("#xaxis", "time")  # type: ignore[attr-defined]
-    page.wait_for_function("document.querySelector('.chart').dataset.xmode === 'time'")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelector('.chart').dataset.xmode === 'time'")  # type: ignore[attr-defined]
 
 
 def test_the_compare_answer_names_run_and_rank_of_each_series(site: Site) -> None:
@@ -298,6 +310,32 @@ def test_compare_and_alerts_pages_draw(site: Site, page: object) -> None:
     _open(page, site, "/alerts")
     assert "non_finite" in page.locator("#anomalies tbody").inner_text()  # type: ignore[attr-defined]
     assert page.dialogs == []  # type: ignore[attr-defined]
+
+
+def _web_queries(site: Site) -> int:
+    """The queries the web view ran so far (``vigil_web_queries_total``, every endpoint)."""
+    lines = site.get("/metrics").text.splitlines()
+    return int(sum(float(line.rpartition(" ")[2]) for line in lines if line.startswith("vigil_web_queries_total{")))
+
+
+def test_a_run_page_of_300_metrics_asks_a_few_batched_queries_and_draws_at_most_its_cap(
+    site: Site, page: object
+) -> None:
+    before = _web_queries(site)
+    _open(page, site, "/run?id=" + MANY)
+    charts = page.locator(".chart")  # type: ignore[attr-defined]
+    assert charts.count() == MAX_CHARTS
+    assert page.locator(".chart canvas").count() >= 2  # type: ignore[attr-defined]  # the ones on screen
+    count = page.locator("#metric-count").inner_text()  # type: ignore[attr-defined]
+    assert f"{MAX_CHARTS} of {MANY_METRICS} metrics" in count, count
+    # The run's row, its alerts, events and alert list, and the charts on screen in one or two batches.
+    asked = _web_queries(site) - before
+    assert asked <= 6, f"one page view ran {asked} queries"
+    page.fill("#metric-filter", "m29")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelectorAll('.chart').length === 10")  # type: ignore[attr-defined]
+    assert charts.evaluate_all("cs => cs.map(c => c.dataset.metric)") == [_many(i) for i in range(290, 300)]
+    page.wait_for_function("() => +document.querySelector('#chart-m290').dataset.lastStep === 9")  # type: ignore[attr-defined]
+    assert page.locator("#metric-count").inner_text() == ""  # type: ignore[attr-defined]
 
 
 # ---- vigil plot -------------------------------------------------------------------------------------
@@ -348,11 +386,11 @@ def test_a_run_page_opened_before_the_first_step_draws_its_charts_when_steps_arr
         assert agent.flush(10)  # its run_start only
         wait_for(lambda: site.get("/api/run?id=fresh-run").status_code == 200, 30, "the run")
         _open(page, site, "/run?id=fresh-run")
-        page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+        page.wait_for_function("() => document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
         for step in range(5):
             agent.log(step, loss=1.0 / (step + 1))
         assert agent.flush(10)
-        page.wait_for_function("+document.querySelector('#chart-loss')?.dataset.lastStep === 4", timeout=5000)  # type: ignore[attr-defined]
+        page.wait_for_function("() => +document.querySelector('#chart-loss')?.dataset.lastStep === 4", timeout=5000)  # type: ignore[attr-defined]
         assert page.locator("#ranks input[data-rank='0']").is_checked()  # type: ignore[attr-defined]
     finally:
         agent.close(5)
@@ -363,7 +401,7 @@ def test_a_run_page_opened_before_the_first_step_draws_its_charts_when_steps_arr
 
 def test_sigterm_stops_the_daemon_promptly_with_a_live_page_open(site: Site, page: object) -> None:
     _open(page, site, "/run?id=" + quote(RUN))
-    page.wait_for_function("document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]
     started = time.monotonic()
     assert site.daemon.terminate() == 0
     assert time.monotonic() - started < 10, "an open event stream does not hold the shutdown"

@@ -77,6 +77,7 @@ def test_every_web_query_passes_the_read_only_check_and_runs(store: Store) -> No
         sql.anomalies(),
         sql.anomalies("r"),
         sql.compare_series(["r", "x'y"], "loss", [], None, None, 500),
+        sql.run_series_of("r", ["loss", "acc", "x'] IS NULL; --"], [1], 5, 50, 100),
     ):
         result = run_query(store.cursor(), text, sql.MAX_ROWS, 10)
         assert not result.error, text
@@ -92,6 +93,72 @@ def test_a_series_is_bucketed_in_duckdb_keeping_its_extremes_and_a_zoom_gets_eve
     assert sql.points(zoom.rows)["1"]["x"] == list(range(100, 200))
     info = dict(zip(*[(r := run_query(store.cursor(), sql.run_info("r"), 10, 10)).columns, r.rows[0]], strict=True))
     assert (info["loss"], info["custom"], info["ranks"], info["last_step"]) == (20000, ["acc"], [0, 1], 9999)
+
+
+def test_many_metrics_in_one_query_give_each_the_series_its_own_query_gives(store: Store) -> None:
+    n = sql.bucket_count(2)
+    many = run_query(
+        store.cursor(), sql.run_series_of("r", ["loss", "acc", "absent"], [], 10, 5000, n), sql.MAX_ROWS, 10
+    )
+    assert not many.error, many.error
+    by_metric = sql.points_by_metric(many.rows)
+    assert set(by_metric) == {"loss", "acc"}, "a metric without values has no series"
+    one = {
+        m: sql.points(run_query(store.cursor(), sql.run_series("r", m, [], 10, 5000, n), sql.MAX_ROWS, 10).rows)
+        for m in ("loss", "acc")
+    }
+    assert by_metric["acc"] == one["acc"]  # distinct values: the same points exactly
+    # The loss's equal values tie, and a tie's step is DuckDB's pick: the same buckets and extremes.
+    for rank in ("0", "1"):
+        assert len(by_metric["loss"][rank]["x"]) == len(one["loss"][rank]["x"])
+        assert 777 in by_metric["loss"][rank]["x"] and 50.0 in by_metric["loss"][rank]["y"]
+
+
+@pytest.mark.parametrize(
+    ("bind", "host", "answered"),
+    [
+        ("127.0.0.1", "127.0.0.1:9464", True),
+        ("127.0.0.1", "localhost", True),
+        ("127.0.0.1", "[::1]:9464", True),
+        ("127.0.0.1", "127.0.0.2", True),
+        ("127.0.0.1", "localhost.", True),
+        ("127.0.0.1", "10.0.0.1", False),
+        ("127.0.0.1", "attacker.example:9464", False),
+        ("127.0.0.1", "127.0.0.1.nip.io", False),
+        ("127.0.0.1", "", False),
+        ("10.0.0.5", "10.0.0.5:9464", True),
+        ("10.0.0.5", "10.0.0.6", False),
+        ("0.0.0.0", "192.168.1.20", True),
+        ("::", "[fe80::1]", True),
+        ("0.0.0.0", "attacker.example", False),
+        ("vigil.internal", "vigil.internal:9464", True),
+        ("vigil.internal", "VIGIL.internal.", True),
+    ],
+)
+def test_a_host_is_answered_when_it_names_an_address_or_name_the_daemon_listens_on(
+    bind: str, host: str, answered: bool
+) -> None:
+    from trainvigil.daemon.web.hosts import HostPolicy
+
+    assert HostPolicy(bind).allows(host) is answered
+
+
+def test_allowed_hosts_add_names_subdomains_or_every_name() -> None:
+    from trainvigil.daemon.web.hosts import HostPolicy
+
+    policy = HostPolicy("127.0.0.1", ["daemon", ".vigil.example", " "])
+    assert [policy.allows(h) for h in ("daemon:9464", "vigil.example", "a.b.vigil.example")] == [True] * 3
+    assert not any(policy.allows(h) for h in ("daemon.attacker.example", "xvigil.example", "vigil.example.evil"))
+    assert HostPolicy("127.0.0.1", ["*"]).allows("anything.example")
+
+
+def test_the_connection_cap_leaves_half_the_descriptors_and_the_accept_burst_fits_beside_it() -> None:
+    from trainvigil.daemon.web.connections import MAX_CONNECTIONS, accept_backlog, connection_cap
+
+    assert connection_cap(1024) == 512 and connection_cap(1_048_576) == MAX_CONNECTIONS
+    for limit in (1024, 4096, 65536):
+        cap = connection_cap(limit)
+        assert cap + 2 * accept_backlog(cap) < limit - 64, limit
 
 
 def test_commits_reach_subscribers_in_ticks_at_most_four_a_second_as_one_notice_naming_every_run() -> None:

@@ -32,7 +32,7 @@ from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import Anomaly
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SECURITY_DOC = Path(__file__).resolve().parents[1] / "docs" / "operations" / "security.md"
 
 
 def _hostile(url: str) -> str:
@@ -57,10 +57,10 @@ def _anomaly(episode: str = "non_finite:r:0:37", state: str = "open", **fields: 
 
 
 def _readme_verify() -> Callable[..., bool]:
-    """The receiver's ``verify`` exactly as README.md prints it, so the documented check is the tested one."""
-    section = README.read_text().split("## Securing the webhook and HTTP endpoint", 1)[1]
+    """The receiver's ``verify`` exactly as the docs print it, so the documented check is the tested one."""
+    section = SECURITY_DOC.read_text().split("## Securing the webhook and HTTP endpoint", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code, "README: the receiver snippet"
+    assert code, "docs/operations/security.md: the receiver snippet"
     scope: dict[str, Any] = {}
     exec(code.group(1), scope)
     verify: Callable[..., bool] = scope["verify"]
@@ -215,9 +215,7 @@ def test_offer_never_waits_and_a_full_queue_drops_its_oldest_update() -> None:
     for i in range(5):
         sink.offer(_anomaly(episode=f"e{i}"))
     assert metrics.webhook == {"dropped": 3}
-    with sink._send, sink._receive:
-        left = [sink._receive.receive_nowait().episode for _ in range(2)]
-    assert left == ["e3", "e4"], "the newest updates are kept"
+    assert [a.episode for a in sink.queued()] == ["e3", "e4"], "the newest updates are kept"
 
 
 def test_drain_gives_a_hung_webhook_a_deadline_and_returns() -> None:

@@ -3,7 +3,7 @@
 Every run is real training (``ppo``, ``supervised``, ``gpt`` in this package) with at most
 one fault. ``expected`` names the detectors that should catch the fault (any of them
 counts) within ``budget_steps`` steps or ``budget_s`` seconds of it (either suffices; the
-budgets are the targets of issues 12 and 21). Some expected detectors are not written yet
+budgets are the detectors' latency targets). Some expected detectors are not written yet
 (``PLANNED``): the evaluation reports them as missed, which is the point of the corpus.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PLANNED: dict[str, str] = {
-    "run_failed": "issue 12: a run that ended on an uncaught exception, or vanished without run_end",
-    "hang": "issue 21: a rank whose step counter stopped while its heartbeats go on",
-    "generalisation": "issue 21: validation loss rising while the training loss falls (memorisation)",
+    "run_failed": "a run that ended on an uncaught exception, or vanished without run_end",
+    "hang": "a rank whose step counter stopped while its heartbeats go on",
+    "generalisation": "validation loss rising while the training loss falls (memorisation)",
 }
-"""Detectors the issues ask for that the daemon does not register yet."""
+"""Detectors the corpus expects that the daemon does not register yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,7 @@ SPECS: tuple[RunSpec, ...] = (
     _ppo("ppo-cartpole-reward-exploit", "CartPole-v1", "reward_exploit", 700, expected=("reward_hack",),
          budget_steps=200, persistent=True, essential=True, seed=3,
          note="the fault step is the swap to the flawed reward model; the learner finds the exploit ~100-150 "
-         "updates later (issue 12's 50 updates count from there)"),
+         "updates later (the 50-update budget counts from there)"),
     _ppo("ppo-cartpole-entropy-collapse", "CartPole-v1", "entropy_collapse", 700, expected=("reward_hack",),
          budget_steps=100, persistent=True, essential=True, seed=4),
     _sup("sup-digits-clean", essential=True),

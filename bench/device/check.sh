@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20's GPU check, as one command on the device machine (~9.5 minutes: the host-bound rows fill
+# The GPU check, as one command on the device machine (~9.5 minutes: the host-bound rows fill
 # what the rest leaves of 560 s):
 #     bash bench/device/wheels.sh                      # here, first
 #     device run: command "bash bench/device/check.sh", carry [".whl"], timeout_s 600
@@ -29,9 +29,9 @@ run() {  # name, seconds, command...
     timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
     echo "== $name: exit ${PIPESTATUS[0]}"
 }
-# Measured on an H200 (stop 37): transformers ~32 s and Lightning ~40 s a pair (fresh processes: the imports
+# Measured on an H200: transformers ~32 s and Lightning ~40 s a pair (fresh processes: the imports
 # and CUDA's start dominate), torch_overhead and agent_overhead well inside their limits. The integrations,
-# the issue's must-show, run first; the host-bound rows (whose step moved 3.4-6.3 ms between rows on that
+# the figures that matter most, run first; the host-bound rows (whose step moved 3.4-6.3 ms between rows on that
 # machine) get what is left of 560 s.
 run integrations 400 python3 integrations_overhead.py --only transformers --only lightning --repeats 5
 run torch_overhead 90 python3 torch_overhead.py --device cuda

@@ -1,7 +1,7 @@
 """How a webhook receiver knows a post came from this daemon, unchanged and recently: Standard Webhooks.
 
 The scheme is `Standard Webhooks <https://www.standardwebhooks.com>`_ (Svix and others), so a
-receiver may verify with that project's libraries or with ten lines of its own (README):
+receiver may verify with that project's libraries or with ten lines of its own (docs/operations/security.md):
 
 - ``webhook-id``: ``msg_`` + a digest of the body; the same for every retry of one update, so a
   receiver can drop a repeat it already took.

@@ -1,16 +1,24 @@
 """The webhook alert sink: one JSON POST per alert update, never on the ingest path.
 
 Ingest hands updates over with :meth:`WebhookSink.offer`, which never waits: they go into a
-bounded memory stream, and one worker task posts them in order, each with a deadline and
+bounded queue (:mod:`._queue`), and one worker task posts them, each with a deadline and
 retries under the one retry policy (:func:`trainvigil.schemas.settings.retrying`: exponential
 backoff from ``alerts.backoff_s``, ``alerts.retries`` further attempts). A slow or dead
-webhook therefore only fills the queue; once it is full the **oldest** queued update is
-dropped (the newer state of an incident is the more useful one), counted as
-``vigil_alert_webhook_total{outcome="dropped"}`` and logged.
+webhook therefore only fills the queue, and what leaves it unposted is counted by reason
+(``vigil_alert_webhook_dropped_total{reason=...}``, also in ``vigil_alert_webhook_total{outcome="dropped"}``)
+and logged:
+
+- ``superseded``: a newer update of the same episode took its place (the newest state is posted);
+- ``queue_full``: ``alerts.queue_size`` updates were waiting. Pages go out first and are never
+  pushed out by warnings; the update pushed out is the oldest of the run holding the most
+  (a warning while any is queued), so a flood from one run only ever costs that run's updates;
+- ``stopped``: offered after shutdown began.
 
 What an alert may decide and what it may not: its fields (run ids, messages: an agent can put
-anything there) only ever travel inside the JSON body, escaped by ``json.dumps``. The URL, the
-method and every header come from the configuration; a redirect is an answer, never followed
+anything there) only ever travel inside the JSON body, escaped by ``json.dumps``. In ``text``, the one
+field chat receivers render, they are escaped for chat too (:func:`.format.chat_escape`: no mention,
+link or markup in them takes effect); the other fields carry them as they were, for programs. The
+URL, the method and every header come from the configuration; a redirect is an answer, never followed
 (it would carry the body and the credentials elsewhere). Credentials (a bearer token, the
 signing key of :mod:`._signing`) are read from files at start-up and never logged: error text
 is scrubbed of them and of the URL's path.
@@ -34,8 +42,9 @@ import httpx
 import structlog
 from anyio.abc import TaskStatus
 
+from trainvigil.daemon.alerts._queue import AlertQueue
 from trainvigil.daemon.alerts._signing import SECRET_KEY, message_id, signature_headers, signing_key
-from trainvigil.daemon.alerts.format import as_json, summary
+from trainvigil.daemon.alerts.format import as_json, chat_escape, summary
 from trainvigil.daemon.config import AlertsConfig, read_secret
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.schemas import Anomaly
@@ -72,8 +81,9 @@ def _worth_retrying(exc: Exception) -> bool:
 
 
 def webhook_body(anomaly: Anomaly) -> bytes:
-    """The JSON a webhook receives: Slack's ``text`` plus every field of the update (strict JSON, ASCII)."""
-    return json.dumps({"text": summary(anomaly), **as_json(anomaly)}, allow_nan=False).encode()
+    """The JSON a webhook receives: Slack's ``text`` (escaped for chat) plus every field of the update as it is
+    (strict JSON, ASCII)."""
+    return json.dumps({"text": chat_escape(summary(anomaly)), **as_json(anomaly)}, allow_nan=False).encode()
 
 
 def redact(url: str) -> str:
@@ -125,29 +135,36 @@ class WebhookSink:
         self._scrub = {s: "<secret>" for s in (self._token, secret) if s} | {
             config.webhook_url: redact(config.webhook_url)
         }
-        self._send, self._receive = anyio.create_memory_object_stream[Anomaly](config.queue_size)
+        self._queue = AlertQueue(config.queue_size)
+        self._queued = anyio.Event()
+        """Set when an update is queued or the sink stops: the worker waits on it when the queue is empty."""
+        self._stopping = False
         self._done = anyio.Event()
 
     def offer(self, anomaly: Anomaly) -> None:
-        """Queue one update for the webhook; never waits (a full queue drops its oldest update)."""
-        while True:
-            try:
-                self._send.send_nowait(anomaly)
-                return
-            except anyio.WouldBlock:
-                dropped = self._receive.receive_nowait()  # full, so there is one to take
-                self._dropped(dropped, "queue_full")
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._dropped(anomaly, "stopped")
-                return
+        """Queue one update for the webhook; never waits (what a full queue drops: see the module's docstring)."""
+        if self._stopping:
+            self._dropped(anomaly, "stopped")
+            return
+        for dropped, reason in self._queue.put(anomaly):
+            self._dropped(dropped, reason)
+        self._queued.set()
+
+    def queued(self) -> list[Anomaly]:
+        """The updates waiting, in the order they will be posted."""
+        return self._queue.snapshot()
 
     def _dropped(self, anomaly: Anomaly, reason: str) -> None:
         self.metrics.webhook["dropped"] += 1
+        self.metrics.webhook_dropped[reason] += 1
+        if reason == "superseded":  # the episode's newer state is queued: nothing is missing
+            return
         log.warning(
             "alert_webhook_dropped",
             reason=reason,
             episode=anomaly.episode,
             state=anomaly.state,
+            severity=anomaly.severity,
             queue_size=self.config.queue_size,
             hint="the webhook is slower than alerts arrive; check it, or raise alerts.queue_size",
         )
@@ -158,9 +175,15 @@ class WebhookSink:
         client = webhook_client(self.config.timeout_s)
         task_status.started()
         try:
-            async with self._receive:
-                async for anomaly in self._receive:
+            while True:
+                anomaly = self._queue.take()
+                if anomaly is not None:
                     await self._deliver(client, anomaly)
+                elif self._stopping:
+                    break
+                else:
+                    await self._queued.wait()
+                    self._queued = anyio.Event()
         finally:
             self._done.set()
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
@@ -168,8 +191,9 @@ class WebhookSink:
 
     async def drain(self) -> None:
         """Take no more updates; give the queued ones ``drain_s`` seconds to go out."""
-        left = self._send.statistics().current_buffer_used
-        self._send.close()
+        left = len(self._queue)
+        self._stopping = True
+        self._queued.set()
         with anyio.move_on_after(self.config.drain_s):
             await self._done.wait()
         if not self._done.is_set():

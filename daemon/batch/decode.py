@@ -2,6 +2,15 @@
 
 Anything that cannot be read becomes a :class:`DeadLetter` with its reason; one bad
 message never spoils the rest of its batch.
+
+Every stream message is an agent's, so a record carries the authority of whoever published it:
+
+- ``forged``: a message holding a record only the daemon writes (:data:`DAEMON_ONLY`: alert updates,
+  canary verdicts) is refused whole, and noted in ``IngestBatch.forged`` (ingest pages once per run).
+- ``run_mismatch``: the envelope's ``source.run_id`` must be the run whose subject it came on
+  (``run_token(run_id)`` is the subject's run token, in ``vigil.v1.<run>.<kind>`` and a shard's
+  ``vigil.v1.<P>.<run>.<kind>`` alike), so one run's credentials-holder cannot write another's history
+  from its own subject; broker permissions per subject then say who may write which run.
 """
 
 from __future__ import annotations
@@ -29,6 +38,11 @@ from trainvigil.schemas import (
 )
 from trainvigil.schemas.kinds import RECORD_KINDS, SOURCED_FIELDS
 from trainvigil.schemas.limits import MAX_TIME, MIN_TIME
+from trainvigil.schemas.subjects import run_token
+
+DAEMON_ONLY: tuple[type, ...] = (Anomaly, CanaryResult)
+"""Record types only the daemon writes (its detectors, its canary runner: straight into the store,
+and out on alert subjects no agent may publish on). One in a stream message is a forgery."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,16 @@ class DeadLetter:
     reason: str
     error: str
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Forgery:
+    """A message refused for carrying records only the daemon writes: on ``subject``, from ``run_id``
+    (the envelope's run when it matches the subject, else the subject's run token), ``kinds`` counted."""
+
+    subject: str
+    run_id: str
+    kinds: dict[str, int]
 
 
 @dataclass(slots=True)
@@ -92,6 +116,8 @@ class IngestBatch:
     anomalies: list[Anomaly] = field(default_factory=list)
     canaries: list[CanaryResult] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    forged: list[Forgery] = field(default_factory=list)
+    """The messages among ``dead_letters`` refused as forgeries (reason ``forged``)."""
     raw: list[RawMessage] = field(default_factory=list)
     """The messages this batch was decoded from: a batch the store cannot commit is split by them."""
     losses: list[SeqGap] = field(default_factory=list)
@@ -101,7 +127,8 @@ class IngestBatch:
     new stream numbers from 1), in the same transaction as the batch."""
     messages: int = 0
     wire_anomalies: int = 0
-    """How many of ``anomalies`` came decoded from messages (the rest are the detectors')."""
+    """How many of ``anomalies`` (the first ones) came from messages rather than the daemon itself: decoding
+    refuses alert records (:data:`DAEMON_ONLY`), so only a caller that builds a batch by hand sets it."""
     max_seq: int = 0
     now: float | None = None
     """Wall-clock time of the batch (live ingest); None in replay, where record times stand in."""
@@ -161,21 +188,48 @@ def step_columns(source: Source, batch: StepBatch) -> StepColumns:
     return StepColumns(source=source, step=step, times=times, known=known, custom=custom)
 
 
-def _add_records(batch: IngestBatch, envelope: Envelope) -> None:
+def subject_run(subject: str) -> str:
+    """The run token of a data subject: ``vigil.v1.<run>.<kind>``, or a shard's ``vigil.v1.<P>.<run>.<kind>``
+    (the broker's mapping puts the partition in front); "" for anything else."""
+    parts = subject.split(".")
+    return parts[-2] if len(parts) in (4, 5) else ""
+
+
+def _refuse_forgery(batch: IngestBatch, envelope: Envelope, subject: str, token: str) -> None:
+    kinds: dict[str, int] = {}
+    for record in envelope.records:
+        if isinstance(record, DAEMON_ONLY):
+            name = RECORD_KINDS[type(record)].counter
+            kinds[name] = kinds.get(name, 0) + 1
+    if not kinds:
+        return
+    run_id = envelope.source.run_id if run_token(envelope.source.run_id) == token else token
+    batch.forged.append(Forgery(subject, run_id, kinds))
+    said = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    raise WireError(
+        f"{subject} carried records only the daemon writes ({said}): agents publish their run's data, never"
+        " alerts or canary verdicts; the whole message is refused",
+        reason="forged",
+    )
+
+
+def _add_records(batch: IngestBatch, envelope: Envelope, subject: str) -> None:
     source = envelope.source
+    token = subject_run(subject)
+    _refuse_forgery(batch, envelope, subject, token)  # first: whatever else is wrong, it was an attempt
     if not source.run_id:
         raise WireError("envelope source has an empty run_id", reason="invalid")
+    if run_token(source.run_id) != token:
+        raise WireError(
+            f"an envelope of run {source.run_id!r} came on {subject}, a subject of run token {token!r}: a run's"
+            f" records go on vigil.v1.{run_token(source.run_id)}.<kind> only",
+            reason="run_mismatch",
+        )
     # Check every step batch before taking anything, so a bad message is dead-lettered whole.
     steps = [step_columns(source, r) for r in envelope.records if isinstance(r, StepBatch)]
     for record in envelope.records:
-        kind = RECORD_KINDS[type(record)]
-        match record:
-            case StepBatch():
-                pass  # columns above
-            case Anomaly() | CanaryResult():
-                getattr(batch, kind.field).append(record)
-            case _:
-                getattr(batch, kind.field).append((source, record))
+        if not isinstance(record, StepBatch):  # step batches: the columns above
+            getattr(batch, RECORD_KINDS[type(record)].field).append((source, record))
     batch.steps.extend(steps)
 
 
@@ -188,8 +242,7 @@ def decode_batch(messages: Iterable[RawMessage]) -> IngestBatch:
         batch.max_seq = max(batch.max_seq, msg.seq)
         try:
             envelope = decode(msg.data)
-            _add_records(batch, envelope)
+            _add_records(batch, envelope, msg.subject)
         except WireError as exc:
             batch.dead_letters.append(DeadLetter(msg.subject, msg.seq, exc.reason, str(exc), msg.data))
-    batch.wire_anomalies = len(batch.anomalies)
     return batch

@@ -15,6 +15,16 @@ Three roles, one NATS account (``VIGIL``, with JetStream):
 Deny beats allow in nats-server, so an agent's ``vigil.v1.*.run`` can never reach a control or
 alert subject even though ``*`` would match ``ctl`` or ``alerts``.
 
+Every agent of the one ``agent`` user may publish any run's records and read every agent's acks (the
+server grants per user). Teams that must not share that get agents limited to their own runs:
+``vigil auth DIR --team NAME=RUN[,RUN...]`` writes a user ``agent-NAME`` (``DIR/agent-NAME.toml``) that may
+publish records of those runs only (``vigil.v1.<run>.<kind>``, and ``vigil.v1.*.<run>.<kind>``, the
+partitioned subjects, when runs are sharded) and read ``_INBOX.agent-NAME.>`` only. The runs are named
+one by one: nats-server's wildcards match whole subject tokens, and a run is one token, so no permission
+can say "runs starting with vision-" (``vigil.v1.vision-*.metrics`` would be a literal subject). The
+teams are kept in ``DIR/teams.json``; naming a team again replaces its runs (a running nats-server
+takes the new file on a reload, ``nats-server --signal reload``). The ``agent`` user stays as it is.
+
 Files (a directory of mode 0700, every file 0600): one credentials file per role (see
 :mod:`trainvigil.schemas.credentials`), created once and kept, and ``nats-server.conf``, written
 again from them at every start (so a TLS setting that changed takes effect). Passwords sit in
@@ -27,14 +37,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainvigil.daemon.broker.teams import TEAMS_FILE, Team, read_teams, teams_text
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import PREFIX, QUERY_SUBJECT, STREAM_SUBJECTS
+from trainvigil.schemas import KINDS, PREFIX, QUERY_SUBJECT, STREAM_SUBJECTS
 from trainvigil.schemas.credentials import Credentials, credentials_text, inbox_prefix, read_credentials
 from trainvigil.schemas.shards import partition_mappings, partition_subjects
+from trainvigil.schemas.subjects import run_token
 
 ACCOUNT = "VIGIL"
 ROLES = ("agent", "daemon", "reader")
@@ -51,15 +63,23 @@ def credentials_file(directory: Path, role: str) -> Path:
     return directory / f"{role}.toml"
 
 
-def permissions(role: str, user: str, *, sharded: bool = False) -> dict[str, Any] | None:
+def permissions(
+    role: str, user: str, *, sharded: bool = False, runs: Sequence[str] | None = None
+) -> dict[str, Any] | None:
     """The nats-server permissions of ``role`` (``None``: everything, the daemon's).
 
     ``sharded``: the account maps runs to shards. nats-server checks a publish against the subject
     after mapping too, so an agent then also needs the partitioned subjects (``vigil.v1.<P>.<run>.<kind>``).
+    ``runs``: an agent limited to these runs (a team's, see the module's docstring); ``None``: every run.
     """
     inbox = f"{inbox_prefix(user)}.>"
     if role == "agent":
-        allow = [*STREAM_SUBJECTS, *(partition_subjects() if sharded else ())]
+        if runs is None:
+            allow = [*STREAM_SUBJECTS, *(partition_subjects() if sharded else ())]
+        else:
+            tokens = list(dict.fromkeys(run_token(run) for run in runs))
+            allow = [f"{PREFIX}.{token}.{kind}" for token in tokens for kind in KINDS]
+            allow += [f"{PREFIX}.*.{token}.{kind}" for token in tokens for kind in KINDS] if sharded else []
         publish = {"allow": allow, "deny": [f"{PREFIX}.alerts.>", f"{PREFIX}.ctl.>"]}
         return {"publish": publish, "subscribe": {"allow": [inbox]}}
     if role == "reader":
@@ -72,9 +92,14 @@ def permissions(role: str, user: str, *, sharded: bool = False) -> dict[str, Any
 
 
 def server_config(
-    users: Mapping[str, Credentials], tls: tuple[Path, Path] | None = None, shards: int | None = None
+    users: Mapping[str, Credentials],
+    tls: tuple[Path, Path] | None = None,
+    shards: int | None = None,
+    teams: Sequence[tuple[Team, Credentials]] = (),
 ) -> str:
     """The nats-server configuration of these users (role → credentials), and TLS with (cert, key) when given.
+
+    ``teams``: agents limited to their runs, each team with its user's credentials.
 
     ``shards``: the subject mappings that partition runs over that many daemon shards
     (``vigil up --shard I/N``), in the account with the users (mappings are per account), else at the top.
@@ -83,11 +108,14 @@ def server_config(
     port and JetStream's store stay on the command line, so the embedded broker and a container
     (compose.yaml) run the same file. nats-server reads JSON as its own format.
     """
+    sharded = shards is not None
+    granted = [(creds, permissions(role, creds.user, sharded=sharded)) for role, creds in users.items()]
+    granted += [(creds, permissions("agent", creds.user, sharded=sharded, runs=team.runs)) for team, creds in teams]
     entries = []
-    for role, creds in users.items():
+    for creds, allowed in granted:
         entry: dict[str, Any] = {"user": creds.user, "password": creds.password}
-        if (granted := permissions(role, creds.user, sharded=shards is not None)) is not None:
-            entry["permissions"] = granted
+        if allowed is not None:
+            entry["permissions"] = allowed
         entries.append(entry)
     config: dict[str, Any] = {"accounts": {ACCOUNT: {"jetstream": "enabled", "users": entries}}} if entries else {}
     if shards is not None:
@@ -137,19 +165,50 @@ def ensure_users(directory: Path) -> dict[str, Credentials]:
     return users
 
 
-def prepare(
-    directory: Path, tls: tuple[Path, Path] | None = None, *, users: bool = True, shards: int | None = None
-) -> Path:
-    """The users of :func:`ensure_users` (unless not ``users``) and the server configuration enforcing them
-    (and TLS with (cert, key) when given, and the mappings for ``shards`` daemon shards); returns its path.
+def ensure_teams(directory: Path, teams: Sequence[Team] = ()) -> list[tuple[Team, Credentials]]:
+    """The teams kept in ``directory`` with ``teams`` added (a team given again: its new runs), kept there,
+    each with its user's credentials (created once with a random password, like :func:`ensure_users`).
 
     Raises:
-        ConfigError: ``directory`` or a file in it cannot be written, or a credentials file there is unreadable.
+        ConfigError: the teams file or a team's credentials file there is unreadable.
+    """
+    kept = read_teams(directory)
+    if teams:
+        kept |= {team.name: team for team in teams}
+        write_private(directory / TEAMS_FILE, teams_text(kept.values()))
+    granted = []
+    for team in kept.values():
+        path = credentials_file(directory, team.user)
+        if not path.exists():
+            note = f"Training processes of team {team.name}: VIGIL_NATS_CREDS=<this file>. Publishes its runs only."
+            write_private(
+                path, credentials_text(Credentials(user=team.user, password=secrets.token_urlsafe(32)), "agent", note)
+            )
+        granted.append((team, read_credentials(path, key=f"the credentials of team {team.name}")))
+    return granted
+
+
+def prepare(
+    directory: Path,
+    tls: tuple[Path, Path] | None = None,
+    *,
+    users: bool = True,
+    shards: int | None = None,
+    teams: Sequence[Team] = (),
+) -> Path:
+    """The users of :func:`ensure_users` and the teams of :func:`ensure_teams` (unless not ``users``) and the
+    server configuration enforcing them (and TLS with (cert, key) when given, and the mappings for ``shards``
+    daemon shards); returns its path.
+
+    Raises:
+        ConfigError: ``directory`` or a file in it cannot be written, or a credentials or teams file there
+            is unreadable.
     """
     path = directory / SERVER_CONFIG
     try:
         _private_dir(directory)
-        write_private(path, server_config(ensure_users(directory) if users else {}, tls, shards))
+        roles, granted = (ensure_users(directory), ensure_teams(directory, teams)) if users else ({}, [])
+        write_private(path, server_config(roles, tls, shards, granted))
     except OSError as exc:
         raise ConfigError(f"cannot write the bus's users in {directory}: {exc.strerror or exc}") from None
     return path

@@ -22,6 +22,7 @@ import structlog
 from anyio.abc import ByteReceiveStream, Process, TaskStatus
 
 from trainvigil.errors import VigilError
+from trainvigil.schemas import private
 from trainvigil.schemas.settings import retrying
 
 log = structlog.get_logger("trainvigil.nats")
@@ -167,7 +168,9 @@ async def supervise(
             stderr says why) or did not listen within ``START_TIMEOUT_S``.
     """
     binary = find_binary()
-    store_dir.mkdir(parents=True, exist_ok=True)
+    # The store holds every message not yet committed to the history: the daemon's alone, as the history is.
+    if why := private.private_dir(store_dir):
+        log.warning("nats_store_not_private", reason=why)
     url = f"{scheme}://{dial_host(host)}:{port}"
     started = False
     first, most = restart_wait_s
@@ -184,6 +187,7 @@ async def supervise(
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                umask=private.UMASK,  # its store's files too, whatever the daemon's own umask
             )
             listened = False
             try:

@@ -19,8 +19,11 @@ from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from trainvigil.daemon.broker.replies import Replies
+from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import PREFIX
+from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.shards import PROBE_KIND, SHARDS_SUBJECT, ShardId, partition_of
 
 log = structlog.get_logger("trainvigil.shards")
@@ -74,13 +77,15 @@ async def check_partitioning(nc: NATS, shard: ShardId, url: str, timeout: float 
     fix = f"put `vigil shards mappings {shard.count}` into every NATS node's configuration and reload it"
     if unmapped or not seen:
         raise ConfigError(
-            f"shard {shard}: the broker at {url} does not partition runs (no subject mappings); {fix}", key="shard"
+            f"shard {shard}: the broker at {redact_url(url)} does not partition runs (no subject mappings); {fix}",
+            key="shard",
         )
     wrong = {t: p for t, p in seen.items() if p != partition_of(t, shard.count)}
     if wrong or len(seen) < len(tokens):
         raise ConfigError(
-            f"shard {shard}: the broker at {url} partitions runs over another number of shards than {shard.count} "
-            f"({len(wrong)} of {len(seen)} probes mapped elsewhere); {fix}, or start the daemons with that count",
+            f"shard {shard}: the broker at {redact_url(url)} partitions runs over another number of shards than "
+            f"{shard.count} ({len(wrong)} of {len(seen)} probes mapped elsewhere); {fix}, or start the daemons "
+            "with that count",
             key="shard",
         )
     log.info("partitioning_checked", shard=str(shard), probes=len(seen))
@@ -90,17 +95,23 @@ _encoder = msgspec.msgpack.Encoder()
 
 
 async def answer_roll_call(
-    nc: NATS, shard: ShardId, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    nc: NATS,
+    shard: ShardId,
+    metrics: DaemonMetrics,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Answer every roll call with ``[index, count]`` until cancelled, so ``vigil sql`` learns N from
-    any shard that is up and can name the ones that are not."""
+    any shard that is up and can name the ones that are not (in an asker's inbox only, see :mod:`.replies`)."""
     sub = await nc.subscribe(SHARDS_SUBJECT)
+    replies = Replies(nc, metrics, "roll_call")
+    answer = _encoder.encode([shard.index, shard.count])
     task_status.started()
     try:
         async for msg in sub.messages:
-            if msg.reply:
+            if replies.asker(msg.reply) is not None:
                 with contextlib.suppress(nats.errors.Error):
-                    await nc.publish(msg.reply, _encoder.encode([shard.index, shard.count]))
+                    await nc.publish(msg.reply, answer)
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()

@@ -1,8 +1,13 @@
 """What a canary runs and what it expects: its command line, the detector its fault must trip, and by when.
 
 The workloads themselves live in ``trainvigil.canary``, which imports the agent, so the daemon
-never imports them: it runs them as ``python -m <module>`` from the shared table in
-:mod:`trainvigil.schemas.canaries`. The deadlines are the ones the detector evaluation
+never imports them: it runs them as ``python -P -m <module>`` from the shared table in
+:mod:`trainvigil.schemas.canaries`, each in a private directory of its own (see :class:`Job`). ``-m``
+alone would put the working directory first on the job's import path, so a ``torch.py`` left in the
+daemon's would run at every canary. ``-P`` drops exactly that entry; ``-I`` would also drop what the
+operator set on purpose (``PYTHONPATH`` for an install that needs it, the user's site-packages of a
+``pip install --user``, ``PYTHONUNBUFFERED`` that keeps the job's log current), all of which are the
+daemon's own environment, trusted as the daemon is. The deadlines are the ones the detector evaluation
 (``bench/detectors_eval.py``) holds the detectors to, read from this daemon's own detector
 settings where a setting decides them (a slower ``slowdown`` window gets a later deadline).
 """
@@ -108,7 +113,11 @@ class Job:
     takes_steps: bool
     """A workload takes ``--steps``; a job's own command line is left as written."""
     cwd: str | None = None
+    """Where a configured job runs (``None``: where the daemon runs, which its command line may name files in)."""
     env: Mapping[str, str] = field(default_factory=dict)
+    private: bool = False
+    """Runs in a fresh directory of its own (mode 0700, removed once it ended), ``cwd`` unused: the built-in
+    workloads, which read nothing from where they run."""
 
 
 def _interpreter(argv: list[str]) -> list[str]:
@@ -121,7 +130,9 @@ def _interpreter(argv: list[str]) -> list[str]:
 def jobs(config: CanaryConfig) -> dict[str, Job]:
     """Every job by name: each built-in workload, then the configured ones."""
     out = {
-        w.name: Job(w.name, (sys.executable, "-m", w.module), w.faults, w.fault_step, takes_steps=True)
+        w.name: Job(
+            w.name, (sys.executable, "-P", "-m", w.module), w.faults, w.fault_step, takes_steps=True, private=True
+        )
         for w in WORKLOADS.values()
     }
     for j in config.jobs:

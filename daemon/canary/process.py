@@ -4,15 +4,21 @@ Each job is the leader of a new session (``start_new_session``), so its group id
 everything it starts (the ranks of ``two_rank``, a user's data loader workers) is stopped with it:
 first SIGINT to the group (Python raises ``KeyboardInterrupt``, so the agent still ends the run
 and flushes what it holds), then SIGKILL to whatever is left after ``STOP_GRACE_S``.
+
+A built-in workload runs in a private directory (:func:`working_directory`): whatever it starts with
+``python -m`` (the ranks of ``two_rank``) has that directory first on its import path, and nobody
+else can put a module there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -20,6 +26,21 @@ from anyio.abc import Process
 
 STOP_GRACE_S = 3.0
 """Seconds a job gets to end after SIGINT before its group is killed."""
+
+
+@contextlib.contextmanager
+def working_directory(cwd: str | None, *, private: bool) -> Iterator[str | None]:
+    """Where a job runs: ``cwd`` (``None``: where the daemon runs), or with ``private`` a fresh directory
+    (``mkdtemp``: a random name, mode 0700) removed with whatever the job left in it once the block ends."""
+    if not private:
+        yield cwd
+        return
+    path = tempfile.mkdtemp(prefix="vigil-canary-")
+    try:
+        yield path
+    finally:
+        # A child that left the job's group may still write there: what cannot be removed stays in the temp dir.
+        shutil.rmtree(path, ignore_errors=True)
 
 
 async def start(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, nice: int, log_path: Path) -> Process:

@@ -32,7 +32,7 @@ from trainvigil.daemon.alerts.fanout import Alerts
 from trainvigil.daemon.canary import evidence as ev
 from trainvigil.daemon.canary.catalog import HANGS, Plan
 from trainvigil.daemon.canary.environment import base_env, job_env
-from trainvigil.daemon.canary.process import last_line, prune, start, stop
+from trainvigil.daemon.canary.process import last_line, prune, start, stop, working_directory
 from trainvigil.daemon.canary.verdict import Ending, Evidence, Verdict, judge, settled
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
@@ -141,9 +141,13 @@ class Runner:
         return await self.record(plan, ending, evidence, time.monotonic() - began, log_path)
 
     async def _execute(self, plan: Plan, log_path: Path) -> tuple[Ending, Evidence]:
+        with working_directory(plan.job.cwd, private=plan.job.private) as cwd:
+            return await self._run_job(plan, log_path, cwd)
+
+    async def _run_job(self, plan: Plan, log_path: Path, cwd: str | None) -> tuple[Ending, Evidence]:
         env = job_env(self.env, plan.run_id, plan.fault_env, plan.job.env)
         try:
-            process = await start(plan.argv, env=env, cwd=plan.job.cwd, nice=self.config.canary.nice, log_path=log_path)
+            process = await start(plan.argv, env=env, cwd=cwd, nice=self.config.canary.nice, log_path=log_path)
         except OSError as exc:
             return Ending(None, last_line=f"cannot start {plan.argv[0]}: {exc}"), Evidence()
         log.info("canary_process", run_id=plan.run_id, pid=process.pid, argv=list(plan.argv))

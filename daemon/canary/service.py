@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from trainvigil.daemon.alerts.fanout import Alerts
+from trainvigil.daemon.broker.replies import Replies
 from trainvigil.daemon.canary import evidence as ev
 from trainvigil.daemon.canary.catalog import CanaryPlanError, Plan, jobs, plan
 from trainvigil.daemon.canary.runner import Runner
@@ -112,15 +113,17 @@ class Canaries:
             self.active.discard(chosen.run_id)
 
     async def _answer(self, sub: Subscription, tg: TaskGroup) -> None:
+        replies = Replies(self.nc, self.runner.metrics, "canary")
         async for msg in sub.messages:
+            if replies.asker(msg.reply) is None:  # a trigger whose answer could go elsewhere starts nothing
+                continue
             try:
                 accepted, chosen = await self._accept(msg)
             except Exception as exc:  # one bad trigger never takes the daemon down, and still gets an answer
                 log.exception("canary_trigger_failed", error=repr(exc))
                 accepted, chosen = CanaryAccepted(error=f"the daemon failed to take the canary ({exc!r})"), None
-            if msg.reply:
-                with contextlib.suppress(nats.errors.Error):
-                    await self.nc.publish(msg.reply, _encoder.encode(accepted))
+            with contextlib.suppress(nats.errors.Error):
+                await self.nc.publish(msg.reply, _encoder.encode(accepted))
             if chosen is not None:
                 tg.start_soon(self._run, chosen)
 

@@ -36,7 +36,9 @@ from typing import Any
 
 import duckdb
 
+from trainvigil.daemon.cli._sandbox import sandboxed
 from trainvigil.errors import QueryRefusedError
+from trainvigil.schemas.sqltypes import quote_identifier as _quote
 
 PARTIALS = "partials"
 """The table the shards' answers are loaded into for the merge query."""
@@ -78,10 +80,6 @@ class ShardPlan:
 
 class _Inner(Exception):
     """Internal: an aggregate that partial states cannot combine; plan with inner rows instead."""
-
-
-def _con() -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(":memory:")
 
 
 def _parse(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any]:
@@ -126,13 +124,9 @@ def _has_class(node: Any, classes: frozenset[str]) -> bool:
     return False
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 class _Planner:
     def __init__(self, sql: str, source: str = PARTIALS) -> None:
-        self.con = _con()
+        self.con = sandboxed()  # it runs SQL functions over text given on the command line
         self.tree = _parse(self.con, sql)
         self.node: dict[str, Any] = self.tree["statements"][0]["node"]
         self.source = source

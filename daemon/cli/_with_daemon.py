@@ -62,6 +62,7 @@ async def with_daemon(
     from trainvigil.daemon.cli.sqlclient import _connect
     from trainvigil.daemon.logs import configure
     from trainvigil.errors import DaemonUnavailableError
+    from trainvigil.schemas.redact import redact_url
 
     url = config.nats_url or f"nats://127.0.0.1:{config.embedded_port}"
     conn = await _connect(url, access(config, role))
@@ -71,7 +72,7 @@ async def with_daemon(
                 return await work(conn, url)
         finally:
             await conn.nc.close()
-    _say(f"no daemon answered at {url}")
+    _say(f"no daemon answered at {redact_url(url)}")
     local = msgspec.structs.replace(config, http_port=0, nats_url=url if conn is not None else config.nats_url)
     configure(local.log_format, "error")  # what matters is reported here; its log would say it twice
     result: list[T] = []

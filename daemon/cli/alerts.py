@@ -12,10 +12,11 @@ import nats
 import nats.errors
 
 from trainvigil.daemon.alerts.format import as_json, as_result, summary
-from trainvigil.daemon.formatting import render
+from trainvigil.daemon.formatting import render, terminal_safe
 from trainvigil.errors import DaemonUnavailableError, WireError
 from trainvigil.schemas import PREFIX, Anomaly, alert_subject, decode
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
+from trainvigil.schemas.redact import redact_url
 
 _COLUMNS = "time, run_id, rank, step, detector, severity, state, value, threshold, message"
 
@@ -27,12 +28,13 @@ def alerts_sql(run_id: str | None) -> str:
 
 
 def format_update(anomaly: Anomaly, fmt: str) -> str:
-    """One followed update as a line: ``table`` a sentence, ``csv`` a row, ``json`` an object."""
+    """One followed update as a line: ``table`` a sentence (safe for a terminal), ``csv`` a row, ``json`` an object
+    (both exact)."""
     if fmt == "json":
         return json.dumps(as_json(anomaly)) + "\n"
     if fmt == "csv":
         return render(as_result([anomaly]), "csv").split("\n", 1)[1]
-    return summary(anomaly) + "\n"
+    return terminal_safe(summary(anomaly)) + "\n"
 
 
 async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: BusAccess) -> None:
@@ -58,12 +60,14 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: B
             timeout=3,
         )
     except (TimeoutError, OSError, nats.errors.Error):
-        raise DaemonUnavailableError(f"no broker answered at {url}; start `vigil up` or pass --nats URL") from None
+        raise DaemonUnavailableError(
+            f"no broker answered at {redact_url(url)}; start `vigil up` or pass --nats URL"
+        ) from None
     subject = alert_subject(run_id) if run_id is not None else f"{PREFIX}.alerts.>"
     try:
         sub = await nc.subscribe(subject)
         await nc.flush()
-        print(f"vigil: following {subject} on {url}; Ctrl-C to stop", file=sys.stderr, flush=True)
+        print(f"vigil: following {subject} on {redact_url(url)}; Ctrl-C to stop", file=sys.stderr, flush=True)
         if fmt == "csv":
             out.write(render(as_result([]), "csv"))
             out.flush()
@@ -71,7 +75,8 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: B
             try:
                 records = decode(msg.data).records
             except WireError as exc:
-                print(f"vigil: skipped an unreadable message on {msg.subject}: {exc}", file=sys.stderr, flush=True)
+                said = terminal_safe(f"skipped an unreadable message on {msg.subject}: {exc}")
+                print(f"vigil: {said}", file=sys.stderr, flush=True)
                 continue
             for record in records:
                 # Subject tokens are sanitised run ids: compare the real one.

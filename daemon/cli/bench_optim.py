@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainvigil.daemon.cli.canary import daemon_args
+from trainvigil.schemas.redact import redact_url
 
 if TYPE_CHECKING:
     from trainvigil.daemon.cli.sqlclient import _Connection
@@ -261,7 +262,9 @@ def run(args: argparse.Namespace) -> int:
         async def query(sql: str) -> list[list[Any]]:
             answer = await _ask(conn, url, QueryRequest(sql=sql), 30)
             if answer is None or answer.error:
-                raise QueryError(f"the daemon at {url} did not answer {sql!r}: {answer.error if answer else 'gone'}")
+                raise QueryError(
+                    f"the daemon at {redact_url(url)} did not answer {sql!r}: {answer.error if answer else 'gone'}"
+                )
             return answer.rows
 
         the_plan.agent = {"nats_url": url, "nats_creds": agent.creds, "nats_tls_ca": agent.tls_ca}

@@ -23,6 +23,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, WORKLOADS
+from trainvigil.schemas.redact import redact_url
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -56,7 +57,7 @@ def add_parser(
         "canary",
         help="run fault-injection canaries now, or list past verdicts",
         description="Fault-injection canaries: small real training jobs with one fault injected at a known step, "
-        "judged on whether the right detector caught it in time (see 'Canaries' in the README).",
+        "judged on whether the right detector caught it in time (see the docs' canaries guide).",
     )
     actions = canary.add_subparsers(dest="action", required=True, metavar="ACTION")
     run = actions.add_parser(
@@ -120,7 +121,10 @@ def requests(args: argparse.Namespace, config: DaemonConfig) -> list[CanaryReque
 
 
 def _say(text: str) -> None:
-    print(f"vigil: {text}", file=sys.stderr, flush=True)
+    from trainvigil.daemon.formatting import terminal_safe
+
+    # Verdicts and alerts name runs and detectors as the bus carried them: shown as text.
+    print(f"vigil: {terminal_safe(text)}", file=sys.stderr, flush=True)
 
 
 class _Follower:
@@ -201,7 +205,7 @@ async def drive(nc: NATS, url: str, asks: list[CanaryRequest]) -> list[CanaryRes
         reply = await nc.request(CANARY_SUBJECT, msgspec.msgpack.encode(ask), timeout=10)
         accepted = msgspec.msgpack.decode(reply.data, type=CanaryAccepted)
         if accepted.error:
-            raise ConfigError(f"the daemon at {url} refused the canary: {accepted.error}", key="fault")
+            raise ConfigError(f"the daemon at {redact_url(url)} refused the canary: {accepted.error}", key="fault")
         follower.accepted[accepted.run_id] = accepted
         what = "clean twin" if accepted.fault == CLEAN else f"{accepted.fault}@{accepted.fault_step}"
         expects = f", expects {accepted.expected_detector}" if accepted.expected_detector else ""
@@ -215,7 +219,7 @@ async def drive(nc: NATS, url: str, asks: list[CanaryRequest]) -> list[CanaryRes
             missed = 0 if await _progress(nc, follower) else missed + 1
         if missed >= SILENT_POLLS:
             raise DaemonUnavailableError(
-                f"the daemon at {url} stopped answering with {len(follower.pending)} canaries unjudged; "
+                f"the daemon at {redact_url(url)} stopped answering with {len(follower.pending)} canaries unjudged; "
                 "their verdicts, if any, show in vigil canary list"
             )
     return [follower.results[run_id] for run_id in follower.accepted]
@@ -257,8 +261,8 @@ async def _daemon_answers(conn: _Connection, url: str) -> bool:
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
         if any("permissions violation" in str(e).lower() for e in conn.errors):
             raise ConfigError(
-                f"the broker at {url} does not let these credentials trigger canaries (they start processes on "
-                "the daemon's machine): pass the daemon's credentials with --creds",
+                f"the broker at {redact_url(url)} does not let these credentials trigger canaries (they start "
+                "processes on the daemon's machine): pass the daemon's credentials with --creds",
                 key="nats_creds",
             ) from None
         return False

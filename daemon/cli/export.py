@@ -22,6 +22,7 @@ from typing import IO, Any, NamedTuple, Protocol
 
 from trainvigil.errors import ConfigError, QueryError, VigilError
 from trainvigil.schemas.query import QueryResult
+from trainvigil.schemas.sqltypes import ColumnTypeError, render
 
 _KEY_PREFIX = "__vigil_key"
 
@@ -176,7 +177,7 @@ class _Parquet:
         import pyarrow.parquet as pq
 
         if self._writer is None:
-            self._schema = _arrow_schema(page.columns, page.types)
+            self._schema = _arrow_schema(page)
             self._writer = pq.ParquetWriter(self._out, self._schema)
         columns = [_arrow_column([r[i] for r in page.rows], f.type) for i, f in enumerate(self._schema)]
         self._writer.write_table(pa.Table.from_arrays(columns, schema=self._schema))
@@ -186,21 +187,33 @@ class _Parquet:
             self._writer.close()
 
 
-def _arrow_schema(columns: Sequence[str], types: Sequence[str]) -> Any:
-    """The Arrow schema DuckDB gives these columns' types (the types are DuckDB's names, from the answer)."""
-    import duckdb
+def _arrow_schema(page: QueryResult) -> Any:
+    """The Arrow schema DuckDB gives the page's column types (parsed: the answer's text is never SQL).
+
+    Raises:
+        ColumnTypeError: a column type is not one a daemon sends.
+    """
     import pyarrow as pa
 
-    con = duckdb.connect()
+    from trainvigil.daemon.cli._sandbox import sandboxed
+
     try:
-        nulls = ", ".join(f"NULL::{t} AS c{i}" for i, t in enumerate(types))
+        types = page.column_types()
+    except ColumnTypeError as exc:
+        raise ColumnTypeError(
+            f"the answer to export: {exc}; nothing it sent was run. If what answers on this broker is no vigil "
+            "daemon of this version, find it, and secure the bus with `vigil up --auth`"
+        ) from None
+    con = sandboxed()
+    try:
+        nulls = ", ".join(f"NULL::{render(t)} AS c{i}" for i, t in enumerate(types))
         schema = con.sql(f"SELECT {nulls}").to_arrow_table().schema
     finally:
         con.close()
     # Types with no text form Arrow can parse (intervals) stay text, as the answer carries them.
     fields = [
         pa.field(name, pa.string() if pa.types.is_interval(f.type) or pa.types.is_duration(f.type) else f.type)
-        for name, f in zip(columns, schema, strict=True)
+        for name, f in zip(page.columns, schema, strict=True)
     ]
     return pa.schema(fields)
 

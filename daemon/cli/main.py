@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING
 from trainvigil._version import __version__
 from trainvigil.agents import verify
 from trainvigil.daemon.cli import checkpoints, shards
+from trainvigil.daemon.formatting import terminal_safe
+from trainvigil.schemas.redact import redact_url
 
 if TYPE_CHECKING:
     import duckdb
 
+    from trainvigil.daemon.broker.teams import Team
     from trainvigil.daemon.config import DaemonConfig
     from trainvigil.schemas.credentials import BusAccess
     from trainvigil.schemas.query import QueryResult
@@ -159,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     push = sub.add_parser(
         "push",
         help="deliver the spill files of runs that ended (or were killed) without a broker",
-        description="Publish the spill files that agents kept when no broker took their data (see 'Offline runs' "
-        "in the README), and the spill files of agents that were killed, oldest first, each message with its "
+        description="Publish the spill files that agents kept when no broker took their data (see the docs' "
+        "'Offline runs' guide), and the spill files of agents that were killed, oldest first, each message with its "
         "original Nats-Msg-Id; a file is removed once JetStream acknowledged all of it. Exit 0 when everything "
         "was delivered (or there was nothing), 1 when "
         "some files were not (they stay), 2 when the path is wrong or names the spill file of a running agent, "
@@ -180,9 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write DIR/agent.toml, DIR/daemon.toml and DIR/reader.toml (random passwords, mode 0600; "
         "kept if there) and DIR/nats-server.conf, the account and permissions to run a nats-server with "
         "(nats-server -c DIR/nats-server.conf -js). Point each process at its file with VIGIL_NATS_CREDS. "
-        "vigil up --auth does the same for its bundled broker under DATA_DIR/bus.",
+        "vigil up --auth does the same for its bundled broker under DATA_DIR/bus. The agent user may publish "
+        "every run; with --team NAME=RUN,... a team's agents get a user of their own (DIR/agent-NAME.toml) "
+        "limited to its own runs.",
     )
     auth.add_argument("dir", help="directory for the files (created mode 0700)")
+    auth.add_argument(
+        "--team",
+        action="append",
+        type=_team,
+        default=[],
+        metavar="NAME=RUN[,RUN...]",
+        help="also write DIR/agent-NAME.toml, agents limited to their own runs: they may publish records of "
+        "these run ids only (and read their own acks only); repeat for each team. Kept in DIR/teams.json for "
+        "every later start; naming a team again replaces its runs. Run ids one by one: NATS permissions "
+        "match whole subject tokens, so no run-id prefix can be granted",
+    )
     auth.add_argument(
         "--shards",
         type=shards.shard_count,
@@ -221,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _query_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    parser.add_argument("--format", choices=["table", "csv", "json"], default="table", help="how rows are printed")
     parser.add_argument("--data-dir", help="data directory to read when no daemon answers (default ./vigil-data)")
     parser.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
     parser.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
@@ -280,7 +296,8 @@ def _up(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         started.append(url)
         print(
-            f"vigil: daemon ready; point agents at VIGIL_NATS_URL={url}{agents_hint(cfg)} (data in {cfg.data_dir})",
+            f"vigil: daemon ready; point agents at VIGIL_NATS_URL={redact_url(url)}{agents_hint(cfg)} "
+            f"(data in {cfg.data_dir})",
             file=sys.stderr,
             flush=True,
         )
@@ -387,7 +404,7 @@ def _query(args: argparse.Namespace, sql: str) -> int:
     except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database
         raise _unreadable(exc, url, cfg) from exc
     if not from_daemon:  # sqlclient's answer when it read the file itself
-        print(f"vigil: no daemon answered at {url}; answered from {source.where}", file=sys.stderr)
+        print(f"vigil: no daemon answered at {redact_url(url)}; answered from {source.where}", file=sys.stderr)
     sys.stdout.write(render(result, args.format))
     sys.stdout.flush()
     if source.warning:  # shards missing: said even when a budget also cut the answer
@@ -421,10 +438,10 @@ def _unreadable(exc: duckdb.Error, url: str, cfg: DaemonConfig) -> Exception:
 
     if holder := _lock_holder(exc):
         return DaemonUnavailableError(
-            f"no daemon answered at {url}, and {cfg.db_path} is locked by {holder} (a daemon on another "
+            f"no daemon answered at {redact_url(url)}, and {cfg.db_path} is locked by {holder} (a daemon on another "
             "broker?); query through that daemon: --nats URL, or --config with its configuration file"
         )
-    return DaemonUnavailableError(f"no daemon answered at {url}, and {cfg.db_path} cannot be read: {exc}")
+    return DaemonUnavailableError(f"no daemon answered at {redact_url(url)}, and {cfg.db_path} cannot be read: {exc}")
 
 
 def _saved_by(args: argparse.Namespace) -> None:
@@ -442,14 +459,18 @@ def _saved_by(args: argparse.Namespace) -> None:
             writer_sql(expected.root), nats_url=url, data_dir=cfg.data_dir, limit=5, timeout=10, access=bus
         )
     except Exception as exc:  # no daemon extra, no daemon and no file, refused credentials: verify's verdict stands
-        print(f"vigil verify: who saved it is unknown ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(
+            f"vigil verify: who saved it is unknown ({type(exc).__name__}: {terminal_safe(str(exc))})", file=sys.stderr
+        )
         return
     if not result.rows:
         print(f"{args.path}: no save with this content ({expected.algo} {expected.root[:16]}) is in the history")
         return
     run_id, rank, step, saved_at, path = result.rows[0]
     others = f" (and {len(result.rows) - 1} more saves of the same content)" if len(result.rows) > 1 else ""
-    print(f"{args.path}: saved by run {run_id} rank {rank} at step {step} ({saved_at}, as {path}){others}")
+    # The run and the path come from the history, that is from an agent: shown as text.
+    saved = terminal_safe(f"run {run_id} rank {rank} at step {step} ({saved_at}, as {path}){others}")
+    print(f"{args.path}: saved by {saved}")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -470,7 +491,7 @@ def _export(args: argparse.Namespace) -> int:
         except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database
             raise _unreadable(exc, url, cfg) from exc
         if not source.from_daemon:
-            print(f"vigil: no daemon answered at {url}; reading {source.where}", file=sys.stderr)
+            print(f"vigil: no daemon answered at {redact_url(url)}; reading {source.where}", file=sys.stderr)
         what = f"export of run {args.run} ({table.name})"
         with output(path, binary=args.format == "parquet") as out:
             rows = export_rows(
@@ -529,7 +550,9 @@ def _push(args: argparse.Namespace) -> int:
 
     def progress(r: FileResult) -> None:
         done = "delivered" if r.done else "skipped (another process has it)" if r.skipped else "NOT delivered"
-        meant = f" (kept for {r.broker})" if r.broker and r.broker != key else ""
+        if r.done and r.empty:
+            done = "held no messages (a header only), removed"
+        meant = f" (kept for {redact_url(r.broker)})" if r.broker and r.broker != key else ""
         print(
             f"vigil: [{next(counter)}/{len(paths)}] {r.path.name}{meant}: {done}, {r.messages} messages, "
             f"{r.bytes} bytes" + (f"; {r.error}" if r.error else ""),
@@ -555,7 +578,7 @@ def _push(args: argparse.Namespace) -> int:
     bus = BusAccess(creds=creds, tls_ca=os.environ.get("VIGIL_NATS_TLS_CA", ""))
     results = asyncio.run(push(url, paths, on_file=progress, on_round=sending, access=bus))
     print(
-        f"vigil: pushed {sum(r.done for r in results)} of {len(paths)} files to {url}: "
+        f"vigil: pushed {sum(r.done for r in results)} of {len(paths)} files to {redact_url(url)}: "
         f"{sum(r.messages for r in results)} messages, {sum(r.bytes for r in results)} bytes",
         file=sys.stderr,
     )
@@ -568,12 +591,24 @@ def _push(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _team(text: str) -> Team:
+    """An argparse type: ``--team NAME=RUN[,RUN...]``."""
+    from trainvigil.daemon.broker.teams import parse_team
+
+    try:
+        return parse_team(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _auth(args: argparse.Namespace) -> int:
     from trainvigil.daemon.broker.auth import ROLES, credentials_file, prepare
+    from trainvigil.daemon.broker.teams import read_teams
 
     where = Path(args.dir)
-    config = prepare(where, shards=args.shards)
-    files = ", ".join(f"{role}: {credentials_file(where, role)}" for role in ROLES)
+    config = prepare(where, shards=args.shards, teams=args.team)
+    users = [*ROLES, *(team.user for team in read_teams(where).values())]
+    files = ", ".join(f"{user}: {credentials_file(where, user)}" for user in users)
     print(f"vigil: bus users in {where} ({files}); server config: {config}", file=sys.stderr)
     return EXIT_OK
 
@@ -677,7 +712,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if known is None:
             raise
         error, (prefix, code) = known
-        print("vigil: " + " ".join(f"{prefix}{error}".split()), file=sys.stderr)  # one line, always
+        # One line, always, and safe for a terminal: a query's error may quote a run id or metric name.
+        print("vigil: " + terminal_safe(" ".join(f"{prefix}{error}".split())), file=sys.stderr)
         return code
     except KeyboardInterrupt:
         return EXIT_OK

@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "coloured by severity, events as dashed lines). Asked of the running daemon, else read from the data "
         "directory's file. Needs matplotlib: pip install 'trainvigil[plot]'.",
     )
-    plot.add_argument("run_id", metavar="RUN_ID")
+    plot.add_argument("run_id", metavar="RUN_ID", help="the run to plot (see `vigil runs`)")
     plot.add_argument("--metrics", help="comma-separated metrics (default: every metric the run logged)")
     plot.add_argument("--ranks", help="comma-separated ranks (default: all)")
     plot.add_argument("-o", "--output", help="the PNG to write (default: RUN_ID.png, made file-name safe)")

@@ -22,13 +22,15 @@ after the run's last row.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
+import re
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO, TypeAlias
+from typing import BinaryIO, TextIO, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +46,7 @@ from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.formatting import render
 from trainvigil.errors import ReplayError
 from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, RunStart, Source
+from trainvigil.schemas.inputs import InputRefusedError, open_input
 
 FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
@@ -56,6 +59,10 @@ batch spans the gap, and empty batches tick through it."""
 TICK_S = 10.0
 """Through a silence, an empty batch every this many seconds (at most MAX_TICKS per silence)."""
 MAX_TICKS = 1000
+JSON_DEPTH = 32
+"""The deepest nesting a jsonl line may have: a row is one flat object, so a line nested deeper is refused
+before it is decoded (a decoder recursing 100 000 levels down fails with ``RecursionError``, or worse)."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 RunRecord: TypeAlias = RunStart | RunEnd | RunEvent | Heartbeat
 """The run records a replay can carry beside the steps (``records=`` of :func:`batches`)."""
 
@@ -79,19 +86,26 @@ def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
     fmt = format_of(path, fmt)
     if fmt not in FORMATS:
         raise ReplayError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    if not Path(path).is_file():
-        raise ReplayError(f"{path} does not exist or is not a file")
     try:
-        if fmt == "csv":
-            # Only an empty cell is null: "nan", "NaN", "inf" stay values.
-            options = pa_csv.ConvertOptions(
-                null_values=[""], strings_can_be_null=True, column_types={"run_id": pa.string()}
-            )
-            table = pa_csv.read_csv(path, convert_options=options)
-        elif fmt == "parquet":
-            table = pq.read_table(path)
-        else:
-            table = _read_jsonl(Path(path))
+        f = open_input(path, max_bytes=None, follow_symlinks=True)  # a FIFO or a device: refused, never read
+    except FileNotFoundError:
+        raise ReplayError(f"{path} does not exist; pass a recording (csv, parquet or jsonl)") from None
+    except InputRefusedError as exc:
+        raise ReplayError(f"{exc}; pass a recording (csv, parquet or jsonl)") from None
+    except OSError as exc:
+        raise ReplayError(f"{path} cannot be opened: {exc}") from None
+    try:
+        with f:
+            if fmt == "csv":
+                # Only an empty cell is null: "nan", "NaN", "inf" stay values.
+                options = pa_csv.ConvertOptions(
+                    null_values=[""], strings_can_be_null=True, column_types={"run_id": pa.string()}
+                )
+                table = pa_csv.read_csv(f, convert_options=options)
+            elif fmt == "parquet":
+                table = pq.read_table(f)
+            else:
+                table = _read_jsonl(Path(path), f)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
         # UnicodeDecodeError: a binary file where text was expected.
         raise ReplayError(f"{path} is not a readable {fmt} file: {exc}") from None
@@ -107,12 +121,29 @@ def _json_cell(value: object) -> object:
     return value
 
 
-def _read_jsonl(path: Path) -> pa.Table:
+def _too_deep(line: str) -> bool:
+    """Whether the JSON text ``line`` nests lists and objects deeper than :data:`JSON_DEPTH`, told without
+    decoding it (brackets inside strings do not count)."""
+    if line.count("[") + line.count("{") <= JSON_DEPTH:  # every ordinary row: one object
+        return False
+    depth = 0
+    for bracket in re.findall(r"[\[\]{}]", _STRING.sub("", line)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > JSON_DEPTH:
+            return True
+    return False
+
+
+def _read_jsonl(path: Path, binary: BinaryIO) -> pa.Table:
     rows: list[dict[str, object]] = []
-    with path.open() as f:
+    with io.TextIOWrapper(binary, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            if _too_deep(line):
+                raise ReplayError(
+                    f"{path} line {n} is nested deeper than {JSON_DEPTH} levels; a line is one flat object"
+                )
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:

@@ -171,7 +171,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "from the data directory's file. Exit 0 ok; 1 a query failed; 2 bad usage (--since); 3 no daemon and no data.",
     )
     report.add_argument("--since", default="24h", help="the window, back from now: 30m, 24h, 7d (default 24h)")
-    report.add_argument("--format", choices=["table", "json"], default="table")
+    report.add_argument("--format", choices=["table", "json"], default="table", help="how the report is printed")
     daemon_args(report, "a reader's credentials file (VIGIL_NATS_CREDS; default DATA_DIR/bus/reader.toml if there)")
 
 
@@ -180,6 +180,7 @@ def run(args: argparse.Namespace, cfg: DaemonConfig, url: str, access: BusAccess
     from trainvigil.daemon.cli.sqlclient import QuerySource
     from trainvigil.daemon.config import parse_interval
     from trainvigil.errors import ConfigError
+    from trainvigil.schemas.redact import redact_url
 
     since = parse_interval(args.since)
     if since is None or since <= 0:
@@ -187,6 +188,6 @@ def run(args: argparse.Namespace, cfg: DaemonConfig, url: str, access: BusAccess
     with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=access) as source:
         report = build(lambda sql: source.ask(sql, cfg.query_row_limit), since)
         if not source.from_daemon:
-            print(f"vigil: no daemon answered at {url}; read {source.where}", file=sys.stderr)
+            print(f"vigil: no daemon answered at {redact_url(url)}; read {source.where}", file=sys.stderr)
     sys.stdout.write(render(report, args.format))
     return 0

@@ -26,14 +26,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "shards",
         help="the NATS subject mappings that partition runs over N daemon shards; which shard holds a run",
         description="Daemon shards (vigil up --shard I/N) own the runs the broker maps to their partition. "
-        "Every NATS node needs the same mappings block; change N only as README 'Operations' describes.",
+        "Every NATS node needs the same mappings block; change N only as the docs' cluster page describes.",
     )
     action = shards.add_subparsers(dest="action", required=True, metavar="ACTION")
     mappings = action.add_parser("mappings", help="print the mappings block for N shards (nats-server config)")
-    mappings.add_argument("count", type=shard_count, metavar="N")
+    mappings.add_argument("count", type=shard_count, metavar="N", help="the number of daemon shards")
     which = action.add_parser("which", help="print the shard (I/N) the broker routes a run's records to")
-    which.add_argument("run_id")
-    which.add_argument("count", type=shard_count, metavar="N")
+    which.add_argument("run_id", help="the run id")
+    which.add_argument("count", type=shard_count, metavar="N", help="the number of daemon shards")
 
 
 def mappings_block(count: int) -> str:

@@ -7,6 +7,12 @@ asked its part of the query (:mod:`._shard_plan`) on its own subject, all at onc
 deadline; the answers are loaded into an in-memory DuckDB and the merge query runs there with the
 same budgets (rows, bytes, time) as a daemon's query.
 
+What a shard answers is data, never SQL: its column types are parsed into values
+(:mod:`trainvigil.schemas.sqltypes`) and the casts written from those, names quoted, in a DuckDB
+that cannot reach files or the network (:mod:`._sandbox`). Who may answer is the broker's to say:
+with ``vigil up --auth`` only the daemon role may; on a bus without credentials any local process
+can, and a command that merges says so on stderr (:data:`OPEN_BUS_WARNING`).
+
 A partial answer (a shard missing) is still printed, with a warning naming the missing shards on
 stderr, and ``vigil sql`` exits with ``EXIT_PARTIAL`` (5) so a script never takes a partial count
 for the total.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import duckdb
 import msgspec
@@ -24,16 +31,30 @@ import nats.errors
 import pyarrow as pa
 from nats.aio.client import Client as NATS
 
+from trainvigil.daemon.cli._sandbox import sandboxed
 from trainvigil.daemon.cli._shard_plan import PARTIALS, ShardPlan
+from trainvigil.daemon.config import nats_servers
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, run_query
 from trainvigil.errors import QueryBusyError, QueryError, QueryRefusedError
+from trainvigil.schemas.credentials import BusAccess
 from trainvigil.schemas.query import QueryResult
 from trainvigil.schemas.shards import SHARDS_SUBJECT, ShardId
+from trainvigil.schemas.sqltypes import ColumnTypeError, SqlType, quote_identifier, render
 
 ROLL_CALL_S = 1.0
 """How long the roll call waits for shards that have not answered yet (one answer tells how many there are)."""
 
 _roll_decoder = msgspec.msgpack.Decoder(tuple[int, int])
+
+OPEN_BUS_WARNING = (
+    "vigil: warning: this answer merges shards' answers from a bus without credentials, where any local "
+    "process can answer as a shard; secure the bus with `vigil up --auth` (and pass --creds)"
+)
+"""Said once on stderr by a command that merges shards' answers without credentials (see :mod:`.sqlclient`)."""
+_IMPOSTOR = (
+    f"nothing it sent was run. Only vigil daemons of this version answer on {SHARDS_SUBJECT}: find what else "
+    "answers there, and secure the bus with `vigil up --auth`"
+)
 
 
 @dataclass(slots=True)
@@ -96,8 +117,30 @@ async def roll_call(nc: NATS, wait_s: float = ROLL_CALL_S) -> tuple[int, set[int
     return counts.pop(), set(seen)
 
 
+def _checked_types(gathered: Gathered) -> list[SqlType]:
+    """The column types the merge casts the shards' answers to, parsed; every answer's are checked.
+
+    Raises:
+        ColumnTypeError: an answer's types are not ones a daemon sends; names the shard.
+        QueryError: an answer's rows or columns do not line up with the others'; names the shard.
+    """
+    typed: list[SqlType] = []
+    width = -1
+    for index, answer in sorted(gathered.answers.items()):
+        where = f"shard {index}/{gathered.count}"
+        try:
+            types = answer.column_types()
+        except ColumnTypeError as exc:
+            raise ColumnTypeError(f"{where}: {exc}; {_IMPOSTOR}") from None
+        if width < 0:
+            typed, width = types, len(types)
+        if len(types) != width or any(len(row) != width for row in answer.rows):
+            raise QueryError(f"{where} answered rows or columns that do not line up with {width} columns; {_IMPOSTOR}")
+    return typed
+
+
 def _partials_table(results: list[QueryResult]) -> pa.Table:
-    """The shards' answers as one Arrow table (columns by name; values as the wire carried them)."""
+    """The shards' answers as one Arrow table (columns by position; values as the wire carried them)."""
     first = results[0]
     if len(set(first.columns)) != len(first.columns):
         raise QueryError(f"across shards an answer's columns need distinct names, not {first.columns}; alias them")
@@ -107,7 +150,7 @@ def _partials_table(results: list[QueryResult]) -> pa.Table:
     for values in columns:
         try:
             arrays.append(pa.array(list(values)))
-        except (pa.ArrowException, TypeError, ValueError):  # mixed values: DuckDB casts the text back
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):  # mixed, past int64: DuckDB casts text
             arrays.append(pa.array([None if v is None else str(v) for v in values], type=pa.string()))
     return pa.table(arrays, names=[f"c{i}" for i in range(len(first.columns))])
 
@@ -115,25 +158,32 @@ def _partials_table(results: list[QueryResult]) -> pa.Table:
 def merge(plan: ShardPlan, gathered: Gathered, limit: int, timeout: float, max_bytes: int | None = None) -> QueryResult:
     """The answer: ``plan.merge_sql`` over the shards' answers, within the same row/byte/time budgets.
 
+    The answers are data, never SQL: their column types are parsed (:mod:`trainvigil.schemas.sqltypes`)
+    and the casts written from what was parsed, names quoted, in a DuckDB that cannot reach files or
+    the network (:mod:`._sandbox`).
+
     Raises:
-        QueryError: a shard's answer was an error (named), or the merge query failed.
+        QueryError: a shard's answer was an error or not a daemon's answer (named), or the merge query failed.
     """
     for index, answer in sorted(gathered.answers.items()):
         if answer.refused:
             raise QueryRefusedError(f"shard {index}/{gathered.count}: {answer.error}")
         if answer.error:
             raise (QueryBusyError if answer.busy else QueryError)(f"shard {index}/{gathered.count}: {answer.error}")
+    types = _checked_types(gathered)
     results = [gathered.answers[i] for i in sorted(gathered.answers)]
-    first = results[0]
-    con = duckdb.connect(":memory:")
+    con = sandboxed()
     try:
         con.register("wire", _partials_table(results))
         # Typed as the shards' DuckDB typed them, so the merge computes as they would have.
         casts = ", ".join(
-            f'CAST(c{i} AS {t}) AS "{name.replace(chr(34), chr(34) * 2)}"'
-            for i, (name, t) in enumerate(zip(first.columns, first.types, strict=True))
+            f"CAST(c{i} AS {render(t)}) AS {quote_identifier(name)}"
+            for i, (name, t) in enumerate(zip(results[0].columns, types, strict=True))
         )
-        con.execute(f"CREATE TABLE {PARTIALS} AS SELECT {casts} FROM wire")
+        try:
+            con.execute(f"CREATE TABLE {PARTIALS} AS SELECT {casts} FROM wire")
+        except duckdb.Error as exc:
+            raise QueryError(f"the shards' answers do not hold values of the types they name: {exc}") from None
         con.unregister("wire")
         merged = run_query(con, plan.merge_sql, limit, timeout, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
     finally:
@@ -147,6 +197,13 @@ def merge(plan: ShardPlan, gathered: Gathered, limit: int, timeout: float, max_b
         )
         merged = msgspec.structs.replace(merged, truncated=True, truncated_by=shard_answer.truncated_by, note=note)
     return merged
+
+
+def open_bus(url: str, access: BusAccess) -> bool:
+    """Whether this client connects without credentials (no file, no user in the URL): then nothing tells a
+    shard from any other local process. With ``vigil up --auth`` only the daemon role may subscribe to the
+    roll call and the shards' subjects (:mod:`trainvigil.daemon.broker.auth`)."""
+    return not access.creds and not any(urlsplit(server).username for server in nats_servers(url))
 
 
 def shard_ids(count: int, indexes: set[int]) -> list[ShardId]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -16,13 +17,14 @@ from nats.aio.client import Client as NATS
 
 from trainvigil.daemon.broker.embedded import port_open
 from trainvigil.daemon.cli._shard_plan import plan as shard_plan
-from trainvigil.daemon.cli.shardsql import Gathered, merge, roll_call, shard_ids
+from trainvigil.daemon.cli.shardsql import OPEN_BUS_WARNING, Gathered, merge, open_bus, roll_call, shard_ids
 from trainvigil.daemon.config import QUERY_ROW_LIMIT, nats_servers
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
 from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
+from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import retrying
 from trainvigil.schemas.shards import ShardId
 
@@ -89,7 +91,9 @@ async def _connect(url: str, access: BusAccess) -> _Connection | None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.close(), 1)
         if why := refusal(exc) or conn.refused():
-            raise ConfigError(f"the broker at {url} turned this client away: {why}", key="nats_creds") from None
+            raise ConfigError(
+                f"the broker at {redact_url(url)} turned this client away: {why}", key="nats_creds"
+            ) from None
         return None
     return conn
 
@@ -114,14 +118,14 @@ async def _ask(
         for _ in range(2):
             await nc.flush(timeout=max(1, int(timeout)))
         if why := conn.refused():
-            raise QueryRefusedError(f"the broker at {url} refused this query: {why}")
+            raise QueryRefusedError(f"the broker at {redact_url(url)} refused this query: {why}")
         while not parts or parts[-1].more:
             reply = await sub.next_msg(timeout=timeout)
             if reply.headers and reply.headers.get("Status") == "503":
                 return None  # no daemon subscribed
             parts.append(_decoder.decode(reply.data))
     except nats.errors.TimeoutError:
-        raise QueryError(f"the daemon at {url} did not answer within {timeout:g} s") from None
+        raise QueryError(f"the daemon at {redact_url(url)} did not answer within {timeout:g} s") from None
     finally:
         await sub.unsubscribe()
     return join_results(parts)
@@ -170,12 +174,13 @@ class QuerySource:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.where = ""
-        """``daemon at URL``, ``N shards at URL`` or the file's path, once a query was answered."""
+        """``daemon at URL``, ``N shards at URL`` (no password shown) or the file's path, once a query was answered."""
         self.missing: list[str] = []
         """Shards (``I/N``) that did not answer the last query: its answer lacks their runs."""
         self.warning = ""
         """What to tell the user about the last answer when it is partial (names the missing shards)."""
         self._shards = False
+        self._warned_open_bus = False
         self._runner = asyncio.Runner()
         self._conn: _Connection | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -236,7 +241,7 @@ class QuerySource:
         if self._con is None:
             if not self.path.exists():
                 raise DaemonUnavailableError(
-                    f"no daemon answered at {self.nats_url} and {self.path} does not exist; start one with "
+                    f"no daemon answered at {redact_url(self.nats_url)} and {self.path} does not exist; start one with "
                     "`vigil up` or point --data-dir at a data directory"
                 )
             self._con = open_read_only(str(self.path))
@@ -263,10 +268,10 @@ class QuerySource:
             self._conn = None
         elif result is None:
             raise DaemonUnavailableError(
-                f"the daemon at {self.nats_url} stopped answering; start it again (`vigil up`) and retry"
+                f"the daemon at {redact_url(self.nats_url)} stopped answering; start it again (`vigil up`) and retry"
             )
         elif not self._shards:
-            self.where = f"daemon at {self.nats_url}"
+            self.where = f"daemon at {redact_url(self.nats_url)}"
         return result
 
     async def _ask_shards(self, conn: _Connection, request: QueryRequest) -> QueryResult | None:
@@ -300,8 +305,11 @@ class QuerySource:
         await asyncio.gather(*(one(s) for s in shard_ids(count, present)))
         self.missing, self.warning = gathered.missing_names(), gathered.warning() if gathered.missing else ""
         if not gathered.answers:
-            raise DaemonUnavailableError(f"no shard answered at {self.nats_url}: {gathered.warning()}")
-        self.where = f"{len(gathered.answers)} of {count} shards at {self.nats_url}"
+            raise DaemonUnavailableError(f"no shard answered at {redact_url(self.nats_url)}: {gathered.warning()}")
+        self.where = f"{len(gathered.answers)} of {count} shards at {redact_url(self.nats_url)}"
+        if open_bus(self.nats_url, self.access) and not self._warned_open_bus:
+            self._warned_open_bus = True
+            print(OPEN_BUS_WARNING, file=sys.stderr, flush=True)
         return merge(plan, gathered, request.limit or QUERY_ROW_LIMIT, self.timeout, request.max_bytes)
 
 

@@ -74,7 +74,9 @@ DetectorsConfig: type[msgspec.Struct] = msgspec.defstruct(
         # While a batch holds more than coalesce_streams streams, the per-step detectors judge a
         # stream once coalesce_steps of its steps wait, or the oldest waited coalesce_s (_coalesce).
         ("coalesce_streams", Annotated[int, msgspec.Meta(ge=0)], _coalesce.MIN_STREAMS),
+        # ... steps of a stream that wait before it is judged, on such a batch ...
         ("coalesce_steps", Annotated[int, msgspec.Meta(ge=1)], _coalesce.STEPS),
+        # ... or the seconds its oldest waiting step may wait.
         ("coalesce_s", Annotated[float, msgspec.Meta(ge=0)], _coalesce.WAIT_S),
         *[(d.name, d.Settings, msgspec.field(default_factory=d.Settings)) for d in REGISTRY],
     ],

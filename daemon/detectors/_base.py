@@ -5,10 +5,18 @@ One incident is one *episode*, not a storm: the first flagged step opens it (one
 (state ``escalated``), and once ``cooldown`` steps pass with no flag it clears (state
 ``cleared``) and the detector re-arms. Every update carries the same ``episode`` id, so the
 ``anomalies`` table keeps one row per episode.
+
+An episode id names the incident (``detector:run:rank:position``) and ends in a tag keyed by a secret
+of the daemon's process (:func:`episode_id`): the same incident judged again in that process (a batch
+split and committed in parts, a detector's recovery re-running a run, replays in one ``vigil replay``)
+gets the same id, but nobody outside it can name an episode it has not been told about.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,6 +31,15 @@ from trainvigil.daemon.detectors._series import StreamKey, Values, streams
 from trainvigil.schemas import Anomaly
 
 NONE, WARN, PAGE = 0, 1, 2
+
+_EPISODE_KEY = secrets.token_bytes(32)
+
+
+def episode_id(detector: str, run_id: str, rank: int, at: int) -> str:
+    """The id of ``detector``'s episode that opened at position ``at`` of (``run_id``, ``rank``): readable, with a
+    tag (HMAC of it under this process's key) that only this process can compute."""
+    name = f"{detector}:{run_id}:{rank}:{at}"
+    return f"{name}:{hmac.new(_EPISODE_KEY, name.encode(), hashlib.sha256).hexdigest()[:16]}"
 
 
 class DetectorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -198,7 +215,7 @@ class Episodes:
             state = "escalated"
         else:
             episode = _Episode(
-                f"{self.detector}:{key[0]}:{key[1]}:{at}", at, at, severity, this_step, this_step, _NO_FINDING
+                episode_id(self.detector, key[0], key[1], at), at, at, severity, this_step, this_step, _NO_FINDING
             )
             self._open[key] = episode
             state = "open"

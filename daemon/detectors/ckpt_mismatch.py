@@ -34,7 +34,9 @@ class CkptMismatchSettings(DetectorSettings, frozen=True, forbid_unknown_fields=
     """Judge a parity step with the ranks present once this many later parity steps arrived from two
     or more ranks each."""
     max_pending_steps: int = 64
+    """Parity steps per run waiting for ranks, at most; past it the oldest is judged with the ranks present."""
     max_paths: int = 10_000
+    """Save digests kept to check loads against (the least recently saved are forgotten first)."""
     cooldown: int = 1000
     """Steps of agreement after which a replica episode clears."""
     max_named: int = 5

@@ -28,12 +28,17 @@ from trainvigil.schemas import Anomaly
 
 class GradSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metric: str = "grad_norm"
+    """The metric judged."""
     window: int = 256
+    """Accepted steps in the rolling baseline (median and MAD of the log norm)."""
     warmup: int = 32
+    """Steps before the first judgement: the baseline needs this many values."""
     warn_z: float = 8.0
     """Raised from 6 with the harness: 6 gave 10 false episodes per 100k clean steps, 8 gives < 1."""
     page_z: float = 10.0
+    """Robust z above which a flag pages (with ``min_ratio``)."""
     page_ratio: float = 10.0
+    """A norm at >= this x its rolling median pages (with ``ratio_min_z``)."""
     ratio_min_z: float = 5.0
     """The ``page_ratio`` rule also needs this robust z (real runs: 10x at z 1.8-4.9 was routine on PPO and warm-up)."""
     min_ratio: float = 3.0
@@ -45,6 +50,7 @@ class GradSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
     size: a healthy norm can triple in its first hundred steps (examples/train_ddp.py: judging steps 32-63 of one
     batch against steps 0-31 paged at 11x the median, 7x that of steps 0-55)."""
     cooldown: int = 50
+    """Steps with no flag before an episode clears."""
 
 
 RECENT = 20

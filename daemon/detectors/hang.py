@@ -56,9 +56,14 @@ _MIN_INTERVALS = 8
 
 class HangSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     factor: float = 20.0
+    """No progress for longer than this x the p99 of recent step intervals pages ..."""
     min_seconds: float = 60.0
+    """... and never less than this many seconds."""
     alive_s: float = 30.0
+    """Only while a heartbeat came within this many seconds (without one it is ``stall``'s case)."""
     phase_max_s: float = 3600.0
+    """How long a declared phase (``vigil.phase(...)``, an ``eval``/``checkpoint`` announcement) may last
+    before it counts as a hang."""
 
 
 class _Stream:

@@ -21,8 +21,11 @@ from trainvigil.schemas import Anomaly
 
 class NonFiniteSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     metrics: tuple[str, ...] = ("loss", "grad_norm", "reward", "kl")
+    """The metrics judged: any of them NaN or ±Inf at a step pages at that step."""
     consecutive_skips: int = 3
+    """With mixed precision (``step_skipped`` or ``loss_scale`` logged), skipped steps in a row that page."""
     cooldown: int = 50
+    """Steps with no flag before an episode clears."""
 
 
 _HINT = (

@@ -44,22 +44,35 @@ EVAL_METRICS = ("true_return", "eval_return", "eval_reward")
 
 class RewardHackSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     every: int = 10
+    """Judged every this many reward steps."""
     recent: int = 50
+    """Steps the reward slope and length rules look at."""
     early: int = 100
+    """The run's first this many steps give its early values."""
     entropy_ratio: float = 0.1
+    """Deep entropy collapse: entropy below this x its early value while the reward rises."""
     gain_ratio: float = 0.0
     """0: the cheap-reward rule is off (it paged on every healthy real PPO run at 5-7x)."""
     short: int = 20
+    """The latest steps compared with the reference before them ..."""
     reference: int = 80
+    """... the reward steps before the last ``short`` that give the reference medians."""
     eval_drop: float = 0.5
     """A held-out return down by half: a third was routine for CartPole (the score drifts with the policy)."""
     entropy_drop: float = 0.5
+    """Fast entropy collapse: entropy's recent median below this x its reference median."""
     lr_kept: float = 0.5
+    """... while the logged ``lr`` stayed above this x its reference (an annealed LR narrows the policy by design)."""
     length_ratio: float = 1.5
+    """Length exploitation: ``response_len`` above this x its early value ..."""
     length_corr: float = 0.5
+    """... and corr(reward, length) above this."""
     hold: int = 3
+    """An alert needs a rule to hold in this many ..."""
     of: int = 5
+    """... of the last this many evaluations."""
     cooldown: int = 100
+    """Steps with no flag before an episode clears."""
 
 
 @dataclass(frozen=True, slots=True)

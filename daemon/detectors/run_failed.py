@@ -29,6 +29,8 @@ OK_STATUSES = ("ok",)
 
 class RunFailedSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     lost_after_s: float = 600.0
+    """A live rank that sent no record at all for this many seconds is lost: a page, and ``vigil runs``
+    shows ``lost``."""
 
 
 class _Stream:

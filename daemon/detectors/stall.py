@@ -30,7 +30,9 @@ SWEEP_S = 1.0
 
 class StallSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     factor: float = 5.0
+    """Silence longer than this x the rank's longest step interval pages ..."""
     min_seconds: float = 60.0
+    """... and never less than this many seconds."""
 
 
 class _Stream:

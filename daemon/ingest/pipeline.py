@@ -5,7 +5,7 @@ writer commits the previous one (DuckDB releases the GIL). The stream holds at m
 batch of at most ``fetch_max_bytes``; when the writer is slower the fetcher waits, and
 JetStream keeps the rest. So at most three batches are in memory at once (being fetched,
 waiting, being committed): with DuckDB's ``store.memory_limit_bytes`` that is the daemon's
-memory budget under any flood (README, "Memory").
+memory budget under any flood (docs/operations/deploy.md, "Disk and memory").
 
 The fetcher hands the writer stream sequences in order and without holes, or with the holes
 recorded as losses (see :mod:`.sequencer` for the rule and why the committed offset is then
@@ -33,6 +33,7 @@ from trainvigil.daemon.alerts.fanout import Alerts
 from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, SeqGap, decode_batch
 from trainvigil.daemon.broker.jetstream import Puller, bind_consumer, restore_stream, stream_view
 from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.ingest._forgery import ForgeryPages
 from trainvigil.daemon.ingest.sequencer import RECREATED, Sequencer, StreamView, Verdict, judge, recreated
 from trainvigil.daemon.malloc import trim
 from trainvigil.daemon.metrics import DaemonMetrics
@@ -73,6 +74,8 @@ def _count(metrics: DaemonMetrics, batch: IngestBatch) -> None:
             metrics.events_ingested[kind.counter] += len(items)
     for letter in batch.dead_letters:
         metrics.dead_letters[letter.reason] += 1
+    for forgery in batch.forged:
+        metrics.forged_records.update(forgery.kinds)
     for gap in batch.losses:
         metrics.data_loss[gap.reason] += gap.count
 
@@ -139,6 +142,7 @@ class Ingest:
         """Batches were taken since the heap was last trimmed (it is, once the ingest catches up)."""
         self._trimmed_at = -TRIM_EVERY_S
         self._fruitless_rewinds = 0
+        self._forgeries = ForgeryPages()
 
     async def run(self, *, drain: bool = False) -> None:
         """Run until :meth:`stop` (or, with ``drain``, until the stream is consumed)."""
@@ -237,6 +241,7 @@ class Ingest:
         batch.max_seq = seq.next_seq - 1
         batch.now = time.time()
         batch.anomalies.extend(await self._detect(batch))
+        batch.anomalies.extend(self._forgeries.pages(batch.forged, batch.now))
         batch.cache.clear()  # the detectors' merged views: not needed to store the batch, and as large
         await send.send(Fetched(batch, msgs, lag))
 

@@ -16,7 +16,9 @@ the answer's rows and bytes are counted while Arrow record batches stream out of
 becomes Python objects only once its Arrow size fits what is left), and a guard thread interrupts
 the query past its timeout, when the process grew by ``memory_bytes``, or when DuckDB's temp
 directory grew by ``spill_bytes`` (DuckDB's own ``max_temp_directory_size`` is not enforced by the
-2.0 build we ship with, and its ``memory_limit`` cannot see a vector's strings).
+2.0 build we ship with, and its ``memory_limit`` cannot see a vector's strings). DuckDB sees an interrupt
+only between vectors of 2 048 rows, so a call that makes huge values in one vector (``repeat('x', 1e9)``)
+is refused before it runs (:mod:`._value_sizes`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
+from trainvigil.daemon.store._value_sizes import size_refusal
 from trainvigil.errors import QueryError, QueryRefusedError, VigilError
 from trainvigil.schemas.query import MAX_SQL_CHARS, QueryRequest, QueryResult, validate
+from trainvigil.schemas.sqltypes import is_known, quote_identifier
 
 READ_ONLY_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "enable_external_access": False,
@@ -164,17 +168,22 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statemen
             raise _refused_kind(str(statement.type).rsplit(".", 1)[-1])
     if len(statements) > 1:
         raise QueryRefusedError("one statement per query, please")
+    refusal = _tree_refusal(_parse_tree(con, statements[0]))
+    if refusal is not None:
+        raise refusal
+    return statements[0]
+
+
+def _parse_tree(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement) -> Any:
+    """DuckDB's JSON parse tree of ``statement`` (a ``SELECT``)."""
     try:
-        row = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [statements[0].query]).fetchone()
+        row = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [statement.query]).fetchone()
         tree = msgspec.json.decode(row[0] if row else "{}")
     except (duckdb.Error, msgspec.DecodeError) as exc:
         raise QueryRefusedError(f"could not check the query: {exc}") from None
     if tree.get("error") or len(tree.get("statements", [])) != 1:
         raise QueryRefusedError(f"only a single read query (SELECT) is allowed: {tree.get('error_message', '')}")
-    refusal = _tree_refusal(tree)
-    if refusal is not None:
-        raise refusal
-    return statements[0]
+    return tree
 
 
 # ---- running -------------------------------------------------------------------------------------
@@ -229,6 +238,11 @@ class _Guard:
         rss_start = _rss()
         spill_start = _dir_bytes(self._temp_dir) if self._temp_dir else 0
         while not self._stop.wait(_POLL_S):
+            if self.reason:
+                # Again at every poll until the query ends: DuckDB forgets an interrupt that comes before it
+                # starts executing (binding, the cast to text, the reader's first fetch).
+                self._con.interrupt()
+                continue
             rss = _rss()
             spilled = _dir_bytes(self._temp_dir) - spill_start if self._temp_dir else 0
             if time.monotonic() >= deadline:
@@ -247,7 +261,6 @@ class _Guard:
             else:
                 continue
             self._con.interrupt()
-            return
 
     def failure(self, exc: BaseException) -> VigilError:
         """The error to raise for ``exc``, raised while the query ran."""
@@ -273,18 +286,26 @@ def _native(t: Any) -> bool:
     return bool(t.id == "array" and _native(t.children[0][1]))
 
 
-def _wire_columns(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
-    """``relation`` with every column msgpack cannot carry as it is (times, decimals, intervals) cast to text.
+def _wire_types(relation: duckdb.DuckDBPyRelation) -> list[str]:
+    """The column types an answer names: DuckDB's, or ``VARCHAR`` for one a client would not accept
+    (:func:`~trainvigil.schemas.sqltypes.parse_type`: ``ENUM``, ``VARIANT``...), which travels as text."""
+    return [name if is_known(name := str(t)) else "VARCHAR" for t in relation.types]
+
+
+def _wire_columns(relation: duckdb.DuckDBPyRelation, types: list[str]) -> duckdb.DuckDBPyRelation:
+    """``relation`` with every column msgpack cannot carry as it is (times, decimals, intervals), or
+    whose type the answer names ``VARCHAR`` instead (``types``), cast to text.
 
     DuckDB writes the text, so no Python time-zone database is needed (TIMESTAMPTZ) and nothing
     is lost (TIMESTAMP_NS). Columns are named by position: a result may repeat a name.
     """
-    if all(_native(t) for t in relation.types):
+    kept = [_native(t) and named == str(t) for t, named in zip(relation.types, types, strict=True)]
+    if all(kept):
         return relation
     exprs = []
-    for i, (name, t) in enumerate(zip(relation.columns, relation.types, strict=True), start=1):
-        alias = '"' + name.replace('"', '""') + '"'
-        exprs.append(f"#{i} AS {alias}" if _native(t) else f"CAST(#{i} AS VARCHAR) AS {alias}")
+    for i, (name, keep) in enumerate(zip(relation.columns, kept, strict=True), start=1):
+        alias = quote_identifier(name)
+        exprs.append(f"#{i} AS {alias}" if keep else f"CAST(#{i} AS VARCHAR) AS {alias}")
     return relation.project(", ".join(exprs))
 
 
@@ -354,11 +375,12 @@ def run_query(
         limit: rows the answer holds at most; ``max_bytes``: its encoded rows' size at most.
         timeout: seconds before the query is interrupted.
         memory_bytes, spill_bytes: growth of this process and of DuckDB's temp directory at
-            which the query is interrupted.
+            which the query is interrupted; a call whose values could pass ``memory_bytes`` within
+            one vector of rows is refused before the query runs.
 
     Raises:
-        QueryRefusedError: not a read-only query, it tried to reach files or the network, or a
-            budget is below 1.
+        QueryRefusedError: not a read-only query, it tried to reach files or the network, a call
+            would make values too big (or of a size not written in the query), or a budget is below 1.
         QueryError: the query failed, ran past ``timeout`` or past a memory or spill budget.
     """
     if min(limit, max_bytes, memory_bytes, spill_bytes) < 1 or not timeout > 0:
@@ -367,6 +389,9 @@ def run_query(
             f"timeout ({timeout}) above 0"
         )
     statement = check_read_only(con, sql)
+    # Parsed again (a millisecond) rather than passed along: the read-only check stays one function.
+    if (refusal := size_refusal(_parse_tree(con, statement), memory_bytes)) is not None:
+        raise refusal
     guard = _Guard(con, timeout, memory_bytes, spill_bytes)
     con.execute("BEGIN TRANSACTION")
     try:
@@ -374,8 +399,8 @@ def run_query(
             reader: pa.RecordBatchReader | None = None
             try:
                 relation = con.sql(statement)
-                columns, types = relation.columns, [str(t) for t in relation.types]
-                reader = _wire_columns(relation).to_arrow_reader(_BATCH_ROWS)
+                columns, types = relation.columns, _wire_types(relation)
+                reader = _wire_columns(relation, types).to_arrow_reader(_BATCH_ROWS)
                 rows, cut = _collect(reader, limit, max_bytes)
             except (duckdb.Error, OSError, pa.ArrowException) as exc:
                 raise guard.failure(exc) from None

@@ -2,7 +2,13 @@
 
 At most ``query_concurrency`` queries run at once, each on its own connection and thread; a
 request beyond that gets a "busy" answer at once rather than waiting in line. Every request
-gets an answer, even one that cannot be decoded or whose answer fails to encode.
+gets an answer, even one that cannot be decoded or whose answer fails to encode, except one whose
+reply subject is no asker's inbox (:mod:`trainvigil.daemon.broker.replies`): that one is not run at all.
+
+One client connection (the asker) may ask ``query_rate_per_s`` queries a second, ``query_burst`` at once;
+past that it gets a "busy" answer, encoded once and sent without decoding the request or touching
+DuckDB, and is logged as one counted line a second at most, so a flood from one reader costs little
+and never crowds out another reader's query.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from trainvigil.daemon.broker.ratelimit import Buckets, Tally
+from trainvigil.daemon.broker.replies import Replies
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.reads import ReadOnlyQueries
@@ -47,11 +55,29 @@ async def serve_queries(
     sub = await nc.subscribe(subject, queue="vigil-query")
     slots = anyio.Semaphore(config.query_concurrency)
     reads = ReadOnlyQueries(store, config)
+    replies = Replies(nc, metrics, "sql")
+    rates = Buckets(config.query_rate_per_s, config.query_burst, config.query_askers_max)
+    limited = Tally(log, "query_limited")
+    too_fast = _encoder.encode(
+        QueryResult(
+            error=f"busy: this client asked more than {config.query_rate_per_s:g} queries a second, "
+            f"{config.query_burst} at once (query_rate_per_s, query_burst); try again in a moment",
+            busy=True,
+        )
+    )
     task_status.started()
     try:
         async with anyio.create_task_group() as tg:
             try:
                 async for msg in sub.messages:
+                    if (asker := replies.asker(msg.reply)) is None:
+                        continue
+                    if not rates.take(asker):
+                        metrics.queries["limited"] += 1
+                        limited.add(asker=asker, why="over query_rate_per_s / query_burst: answered busy")
+                        with contextlib.suppress(nats.errors.Error):
+                            await nc.publish(msg.reply, too_fast)
+                        continue
                     try:
                         slots.acquire_nowait()
                     except anyio.WouldBlock:

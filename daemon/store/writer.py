@@ -28,6 +28,7 @@ from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, 
 from trainvigil.daemon.store._optim import optim_rows
 from trainvigil.errors import ConfigError, StoreUnavailableError
 from trainvigil.schemas import KNOWN_METRICS, Anomaly, CanaryResult
+from trainvigil.schemas.private import private_dir, private_file
 
 log = structlog.get_logger("trainvigil.store")
 
@@ -222,7 +223,7 @@ def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Bring a file written by an older trainvigil up to ``SCHEMA_VERSION``, in one transaction.
 
     Runs before ``SCHEMA_SQL``; a new file (no ``schema_info``) has nothing to migrate. The storage
-    format of an existing file stays what it was (see the README to rewrite it for older CLIs).
+    format of an existing file stays what it was (docs/operations/upgrades.md says how to rewrite it for older CLIs).
 
     Raises:
         ConfigError: the file was written by a newer trainvigil.
@@ -284,7 +285,9 @@ class Store:
         memory_limit_bytes: int = 0,
         duplicate_window_s: float = 120.0,
     ) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # The history holds every run's command line (``run_start``), secrets passed as arguments with it.
+        if why := private_dir(path.parent):
+            log.warning("data_dir_not_private", reason=why)
         self.path = path
         self.consumer = consumer
         self.stream = stream
@@ -325,6 +328,11 @@ class Store:
         if not self.path.exists():
             _create(self.path)
             schema = True
+        # Made private on every open: a file an older version (or another umask) left readable. New ones,
+        # the WAL DuckDB creates again after each checkpoint among them, are private by the daemon's umask.
+        for path in (self.path, self.path.with_name(self.path.name + ".wal")):
+            if why := private_file(path):
+                log.warning("history_not_private", reason=why)
         con = duckdb.connect(
             str(self.path),
             config=self._config,

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
@@ -25,6 +26,8 @@ from trainvigil.schemas.query import QueryRequest, QueryResult
 
 Ask = Callable[[QueryRequest], Awaitable[QueryResult]]
 MAX_COMPARE = 10
+MAX_SERIES_METRICS = 16
+"""Metrics one ``/api/run/series`` request may name: a screenful of charts (the page asks in batches of it)."""
 
 
 class JSONResponse(_StarletteJSON):
@@ -101,6 +104,15 @@ def _series(metric: str, compare: bool = False) -> Callable[[QueryResult], Encod
     return shape
 
 
+def _series_of(metrics: list[str]) -> Callable[[QueryResult], Encoded]:
+    def shape(result: QueryResult) -> Encoded:
+        found = sql.points_by_metric(result.rows)
+        answer = {m: found.get(m, {}) for m in metrics}  # a metric without points: no series, not missing
+        return Encoded(200, msgspec.json.encode({"metrics": answer, "truncated": result.truncated}))
+
+    return shape
+
+
 def _name_run_and_rank(series: dict[str, dict[str, Any]]) -> None:
     """Compare's series keys are ``<rank>:<run id>``; each series also says its run and rank (for the legend)."""
     for key, points in series.items():
@@ -118,10 +130,18 @@ class DataApi:
     the query itself under load.
     """
 
-    def __init__(self, ask: Ask, concurrency: int = 2, generation: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        ask: Ask,
+        concurrency: int = 2,
+        generation: Callable[[], int] = lambda: 0,
+        counts: Counter[str] | None = None,
+    ) -> None:
         """``generation``: the count of commits so far (:attr:`.live.Broadcaster.generation`); a query
-        runs once per distinct text and generation, its answer shared by every request that asks it."""
+        runs once per distinct text and generation, its answer shared by every request that asks it.
+        ``counts``: queries run, by endpoint (:attr:`.DaemonMetrics.web_queries`)."""
         self._ask = ask
+        self.counts: Counter[str] = Counter() if counts is None else counts
         self._slots = anyio.CapacityLimiter(concurrency)
         self._shared: SharedAnswers[Encoded] = SharedAnswers(generation)
 
@@ -131,6 +151,7 @@ class DataApi:
         """The encoded answer to ``text`` shaped by ``shape``; ``kind`` (the endpoint) keys it with the text."""
 
         async def build() -> Encoded:
+            self.counts[kind] += 1
             async with off_the_clock(), self._slots:
                 started = time.monotonic()
                 result = await self._ask(QueryRequest(sql=text, limit=limit))
@@ -153,6 +174,23 @@ class DataApi:
         lo, hi = _int(request, "lo"), _int(request, "hi")
         n = sql.bucket_count(len(ranks) or _int(request, "nranks") or 1)
         return await self._answer("series", sql.run_series(run_id, metric, ranks, lo, hi, n), _series(metric))
+
+    async def run_series(self, request: Request) -> Response:
+        """Several metrics of one run in one query (``metric=a&metric=b``, up to :data:`MAX_SERIES_METRICS`):
+        ``{"metrics": {name: series as /api/series gives them}, "truncated": ...}``. Every series of the
+        answer gets the buckets one of ``metrics x ranks`` series gets, so an answer stays as large as one
+        of ``/api/series`` with that many ranks."""
+        run_id = _required(request, "id")
+        metrics = list(dict.fromkeys(m for m in request.query_params.getlist("metric") if m))
+        if not metrics:
+            raise BadRequestError("name at least one metric: ?id=RUN&metric=loss&metric=lr")
+        if len(metrics) > MAX_SERIES_METRICS:
+            raise BadRequestError(f"at most {MAX_SERIES_METRICS} metrics per request, not {len(metrics)}")
+        ranks = _ranks(request)
+        lo, hi = _int(request, "lo"), _int(request, "hi")
+        n = sql.bucket_count(len(metrics) * (len(ranks) or _int(request, "nranks") or 1))
+        text = sql.run_series_of(run_id, metrics, ranks, lo, hi, n)
+        return await self._answer("run_series", text, _series_of(metrics))
 
     async def compare(self, request: Request) -> Response:
         """``metric`` of up to 10 runs, rank 0 of each unless ``ranks`` names others (``0,1`` or ``all``)."""

@@ -2,23 +2,34 @@
 
 With ``http_token_file`` set, every request but ``/healthz`` (which orchestrators probe without
 credentials, and which tells nothing but up or degraded) must carry ``Authorization: Bearer <token>``,
-else it gets 401 and ``WWW-Authenticate: Bearer``.
+else it gets 401 and ``WWW-Authenticate: Bearer``. Without one, a daemon listening beyond loopback
+says at start that anyone who reaches its port reads every run. Only the ``Host`` names of
+:mod:`.hosts` are answered, and :mod:`.connections` bounds what slow clients may hold.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import anyio
 import structlog
 import uvicorn
 from anyio.abc import TaskStatus
 
+from trainvigil.daemon.broker.bus import is_loopback
 from trainvigil.daemon.config import read_secret
 from trainvigil.daemon.metrics import DaemonMetrics
+from trainvigil.daemon.web.connections import (
+    KEEP_ALIVE_S,
+    ConnectionGuard,
+    accept_backlog,
+    connection_cap,
+    guarded,
+)
 from trainvigil.daemon.web.data import DataApi
+from trainvigil.daemon.web.hosts import HostPolicy, host_name
 from trainvigil.daemon.web.live import Broadcaster
 from trainvigil.daemon.web.routes import build_app
 
@@ -34,7 +45,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket, bound before anything else starts, so a taken port fails the start-up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and without it a
@@ -43,7 +54,7 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(512)
+        sock.listen(backlog)
         sock.setblocking(False)
     except OSError:
         sock.close()
@@ -57,6 +68,7 @@ async def serve_http(
     metrics: DaemonMetrics,
     token_file: str = "",
     *,
+    allowed_hosts: Sequence[str] = (),
     api: DataApi | None = None,
     live: Broadcaster | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
@@ -65,6 +77,7 @@ async def serve_http(
 
     Args:
         token_file: ``http_token_file``: the bearer token every request but ``/healthz`` needs ("" = none).
+        allowed_hosts: ``http_allowed_hosts``: ``Host`` names answered besides the daemon's own (:mod:`.hosts`).
         api, live: the web view's data and live updates (without them, only ``/healthz`` and ``/metrics``).
 
     Raises:
@@ -72,19 +85,38 @@ async def serve_http(
         OSError: the address cannot be bound.
     """
     token = read_secret("http_token_file", token_file).encode() if token_file else b""
-    sock = _listen(host, port)
+    guard = ConnectionGuard(connection_cap())
+    backlog = accept_backlog(guard.cap)
+    sock = _listen(host, port, backlog)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
-        build_app(metrics, token, api, live),
+        build_app(metrics, token, api, live, hosts=HostPolicy(host, allowed_hosts)),
         log_config=None,
         access_log=False,
         lifespan="off",
+        http=guarded(guard),
         ws="none",
+        backlog=backlog,
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=_SHUTDOWN_S,
     )
     server = _Server(config)
     endpoints = ["/healthz", "/metrics"] + (["/"] if api is not None else [])
-    log.info("http_listening", url=f"http://{host}:{bound}", endpoints=endpoints, token=bool(token))
+    log.info(
+        "http_listening",
+        url=f"http://{host}:{bound}",
+        endpoints=endpoints,
+        token=bool(token),
+        max_connections=guard.cap,
+    )
+    if not token and not is_loopback(host_name(host)):
+        log.warning(
+            "http_without_token",
+            host=host,
+            port=bound,
+            note=f"anyone who can reach port {bound} reads every run, alert and metric; set a token: write one "
+            "to a file (mode 0600) and point http_token_file (VIGIL_HTTP_TOKEN_FILE) at it",
+        )
     if live is not None:
         live.bind()
     task_status.started(bound)

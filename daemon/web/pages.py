@@ -54,6 +54,8 @@ async def run_page(request: Request) -> HTMLResponse:
 <label>smoothing <input type="range" id="smooth" min="0" max="0.99" step="0.01" value="0"></label>
 <span id="smooth-value" class="muted">0</span>
 {_X_AXIS}<button id="reset">reset zoom</button><span class="muted">drag on a chart to zoom</span></div>
+<div class="controls"><input id="metric-filter" type="search" placeholder="filter metrics by name">
+<span id="metric-count" class="muted"></span></div>
 <div id="charts" class="charts"></div>
 <h2>Alerts</h2><table id="anomalies" class="grid"><thead><tr><th>time</th><th>rank</th><th>step</th>
 <th>detector</th><th>severity</th><th>state</th><th>message</th></tr></thead><tbody></tbody></table>

@@ -22,6 +22,8 @@ from trainvigil.daemon.web.assets import Assets
 from trainvigil.daemon.web.auth import BearerAuth
 from trainvigil.daemon.web.budget import CpuSaturated, HttpBudget
 from trainvigil.daemon.web.data import BadRequestError, DataApi, JSONResponse
+from trainvigil.daemon.web.headers import SecurityHeaders
+from trainvigil.daemon.web.hosts import HostCheck, HostPolicy
 from trainvigil.daemon.web.live import Broadcaster, sse_events
 
 
@@ -41,9 +43,15 @@ def health(metrics: DaemonMetrics) -> tuple[int, dict[str, Any]]:
 
 
 def build_app(
-    metrics: DaemonMetrics, token: bytes = b"", api: DataApi | None = None, live: Broadcaster | None = None
+    metrics: DaemonMetrics,
+    token: bytes = b"",
+    api: DataApi | None = None,
+    live: Broadcaster | None = None,
+    *,
+    hosts: HostPolicy | None = None,
 ) -> Starlette:
-    """The app; ``token``: the bearer token every path but ``/healthz`` needs (empty: none)."""
+    """The app; ``token``: the bearer token every path but ``/healthz`` needs (empty: none); ``hosts``: the
+    ``Host`` names answered (``None``: any, for an app served in process, without a listener)."""
 
     async def healthz(request: Request) -> Response:
         status, body = health(metrics)
@@ -65,6 +73,7 @@ def build_app(
             Route("/api/runs", api.runs),
             Route("/api/run", api.run),
             Route("/api/series", api.series),
+            Route("/api/run/series", api.run_series),
             Route("/api/compare", api.compare),
             Route("/api/episodes", api.episodes),
             Route("/api/events", api.events),
@@ -96,8 +105,10 @@ def build_app(
 
         live.strain_when(strained)  # fewer live ticks
         budget = [Middleware(HttpBudget, busy=strained)]  # and a bounded share for the requests
+    # Outermost first: every answer gets the headers, a refused Host costs no budget and learns nothing.
+    checked = [Middleware(HostCheck, policy=hosts)] if hosts is not None else []
     return Starlette(
         routes=routes,
-        middleware=[*budget, Middleware(BearerAuth, token=token)],
+        middleware=[Middleware(SecurityHeaders), *checked, *budget, Middleware(BearerAuth, token=token)],
         exception_handlers={404: not_found, BadRequestError: bad_request},
     )

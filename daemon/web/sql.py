@@ -75,6 +75,40 @@ FROM runs r, (
 WHERE r.run_id = {run}"""
 
 
+def _bucketed(where: str, key: str, metrics: Sequence[str], lo: int | None, hi: int | None, n: int) -> str:
+    """Min/max buckets of each of ``metrics`` over steps ``lo..hi`` (all when ``None``), a series per metric
+    and ``key`` expression: one row per series, ``metric, key, x, y, t`` (see :func:`buckets`).
+
+    Several metrics are read in one scan of the run's rows (their values unnested side by side), and
+    each metric's buckets span the steps where it has values."""
+    bounds = "".join(f" AND step {op} {int(v)}" for op, v in ((">=", lo), ("<=", hi)) if v is not None)
+    if len(metrics) == 1:
+        values = f"{literal(metrics[0])} AS metric, {metric_expr(metrics[0])} AS v"
+    else:
+        names = ", ".join(literal(m) for m in metrics)
+        values = f"unnest([{names}]) AS metric, unnest([{', '.join(metric_expr(m) for m in metrics)}]) AS v"
+    order = "ORDER BY bucket, s, v, t"  # the same total order in all three lists
+    return f"""
+WITH f AS (
+    SELECT metric, key, step, epoch(time) AS t, v FROM (SELECT {key} AS key, step, time, {values}
+        FROM steps WHERE {where}{bounds}) WHERE v IS NOT NULL AND isfinite(v)
+), r AS (SELECT metric, min(step) AS lo, max(step) AS hi FROM f GROUP BY metric),
+b AS (
+    SELECT f.metric, f.key, floor((f.step - r.lo) * {int(n)}.0 / (r.hi - r.lo + 1))::BIGINT AS bucket,
+        arg_min(f.step, f.v) AS s_min, min(f.v) AS v_min, arg_max(f.step, f.v) AS s_max, max(f.v) AS v_max,
+        arg_min(f.t, f.v) AS t_min, arg_max(f.t, f.v) AS t_max
+    FROM f JOIN r USING (metric) GROUP BY ALL
+), p AS (
+    SELECT metric, key, bucket, s_min AS s, v_min AS v, t_min AS t FROM b
+    UNION ALL
+    SELECT metric, key, bucket, s_max, v_max, t_max FROM b
+    WHERE s_max <> s_min OR v_max <> v_min OR t_max IS DISTINCT FROM t_min
+)
+SELECT metric, key, to_json(list(s {order}))::VARCHAR AS x, to_json(list(v {order}))::VARCHAR AS y,
+    to_json(list(t {order}))::VARCHAR AS t
+FROM p GROUP BY metric, key ORDER BY metric, key"""
+
+
 def buckets(where: str, key: str, metric: str, lo: int | None, hi: int | None, n: int) -> str:
     """Min/max buckets of ``metric`` over steps ``lo..hi`` (all when ``None``), one series per ``key`` expression.
 
@@ -85,27 +119,7 @@ def buckets(where: str, key: str, metric: str, lo: int | None, hi: int | None, n
     because the query path turns every value of a row into a Python object under the GIL the ingest
     needs; a few strings cost nothing there, and :func:`points` decodes them in C.
     """
-    bounds = "".join(f" AND step {op} {int(v)}" for op, v in ((">=", lo), ("<=", hi)) if v is not None)
-    order = "ORDER BY bucket, s, v, t"  # the same total order in all three lists
-    return f"""
-WITH f AS (
-    SELECT key, step, epoch(time) AS t, v FROM (SELECT {key} AS key, step, time, {metric_expr(metric)} AS v
-        FROM steps WHERE {where}{bounds}) WHERE v IS NOT NULL AND isfinite(v)
-), r AS (SELECT min(step) AS lo, max(step) AS hi FROM f),
-b AS (
-    SELECT f.key, floor((f.step - r.lo) * {int(n)}.0 / (r.hi - r.lo + 1))::BIGINT AS bucket,
-        arg_min(f.step, f.v) AS s_min, min(f.v) AS v_min, arg_max(f.step, f.v) AS s_max, max(f.v) AS v_max,
-        arg_min(f.t, f.v) AS t_min, arg_max(f.t, f.v) AS t_max
-    FROM f, r GROUP BY ALL
-), p AS (
-    SELECT key, bucket, s_min AS s, v_min AS v, t_min AS t FROM b
-    UNION ALL
-    SELECT key, bucket, s_max, v_max, t_max FROM b
-    WHERE s_max <> s_min OR v_max <> v_min OR t_max IS DISTINCT FROM t_min
-)
-SELECT key, to_json(list(s {order}))::VARCHAR AS x, to_json(list(v {order}))::VARCHAR AS y,
-    to_json(list(t {order}))::VARCHAR AS t
-FROM p GROUP BY key ORDER BY key"""
+    return f"SELECT key, x, y, t FROM ({_bucketed(where, key, [metric], lo, hi, n)}) ORDER BY key"
 
 
 def points(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, list[int] | list[float]]]:
@@ -113,17 +127,36 @@ def points(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, list[int] | lis
     return {str(key): {"x": _steps(x), "y": _values(y), "t": _values(t)} for key, x, y, t in rows}
 
 
+def points_by_metric(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, dict[str, list[int] | list[float]]]]:
+    """:func:`run_series_of` rows as ``{metric: {key: points}}`` (see :func:`points`)."""
+    by_metric: dict[str, list[Sequence[Any]]] = {}
+    for metric, *series in rows:
+        by_metric.setdefault(str(metric), []).append(series)
+    return {metric: points(series) for metric, series in by_metric.items()}
+
+
 def bucket_count(series: int) -> int:
     """Buckets per series so ``series`` of them fit :data:`MAX_ROWS` rows and :data:`MAX_POINTS` points each."""
     return max(10, min(MAX_POINTS // 2, MAX_ROWS // max(1, series)))
 
 
-def run_series(run_id: str, metric: str, ranks: Sequence[int], lo: int | None, hi: int | None, n: int) -> str:
-    """One run's ``metric``, a series per rank (``ranks`` empty: every rank)."""
+def _run_ranks(run_id: str, ranks: Sequence[int]) -> str:
     where = f"run_id = {literal(run_id)}"
     if ranks:
         where += f" AND rank IN ({', '.join(str(int(r)) for r in ranks)})"
-    return buckets(where, "rank", metric, lo, hi, n)
+    return where
+
+
+def run_series(run_id: str, metric: str, ranks: Sequence[int], lo: int | None, hi: int | None, n: int) -> str:
+    """One run's ``metric``, a series per rank (``ranks`` empty: every rank)."""
+    return buckets(_run_ranks(run_id, ranks), "rank", metric, lo, hi, n)
+
+
+def run_series_of(
+    run_id: str, metrics: Sequence[str], ranks: Sequence[int], lo: int | None, hi: int | None, n: int
+) -> str:
+    """One run's ``metrics`` in one query, a series per metric and rank: rows ``metric, key, x, y, t``."""
+    return _bucketed(_run_ranks(run_id, ranks), "rank", metrics, lo, hi, n)
 
 
 def compare_series(

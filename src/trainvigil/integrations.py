@@ -4,7 +4,7 @@
 - ``LightningLogger`` and ``GradNormCallback``: PyTorch Lightning;
 - ``SB3Callback``: Stable-Baselines3 (``model.learn(..., callback=SB3Callback())``).
 
-See :mod:`trainvigil.agents.integrations` and the README's "Framework integrations".
+See :mod:`trainvigil.agents.integrations` and the docs' guide, ``docs/guides/integrations.md``.
 """
 
 from __future__ import annotations

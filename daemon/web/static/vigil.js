@@ -4,6 +4,10 @@
 (() => {
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728"];
   const INFO_EVERY_MS = 2000;
+  // A run page draws at most MAX_CHARTS charts (a filter picks which) and fetches the ones on screen in
+  // batched requests of up to BATCH_METRICS metrics (the daemon's cap per request), fewer with many ranks
+  // (about BATCH_SERIES series an answer): a run of hundreds of metrics costs the daemon a few queries.
+  const MAX_CHARTS = 60, BATCH_METRICS = 16, BATCH_SERIES = 64;
   const UNITS = { step_time: "s", lr: "", samples: "samples", tokens: "tokens" };
   const page = document.body.dataset.page;
   const params = new URLSearchParams(location.search);
@@ -173,23 +177,58 @@
   }
   const IDENTITY = { toX: (v) => v, toStep: (v) => v, stepsIn: (a, b) => [a, b] };
 
-  // A live update refetches only the charts on screen: one scrolled out of view is marked stale and
-  // fetched as soon as any of it shows again. Ten open pages of six charts each at four updates a
-  // second cost the daemon's queries and the browser's drawing, and both share the cores with ingest.
+  // Only the charts on screen are fetched: at first, and on a live update; one out of view is marked stale
+  // and fetched as soon as any of it shows. Ten open pages of six charts each at four updates a second
+  // cost the daemon's queries and the browser's drawing, and both share the cores with ingest.
   const onScreen = new IntersectionObserver((entries) => {
     for (const entry of entries) {
       const chart = entry.target.chart;
       chart.visible = entry.isIntersecting;
-      if (chart.visible && chart.stale) { chart.stale = false; chart.load(); }
+      if (chart.visible && chart.stale) {
+        chart.stale = false;
+        chart.loading = chart.load().catch((err) => { chart.note.textContent = "could not load: " + err.message; });
+      }
+      chart.placed();
     }
   });
 
+  function batched(endpoint, query, perBatch) {
+    // fetch(metric, range) for charts of one run: the requests made in one turn of the event loop go out
+    // together, one per zoom range and at most perBatch() metrics, as {series, truncated} per chart.
+    let queue = [];
+    async function send(jobs) {
+      const q = new URLSearchParams(query());
+      for (const job of jobs) q.append("metric", job.metric);
+      const range = jobs[0].range;
+      if (range) { q.set("lo", Math.floor(range[0])); q.set("hi", Math.ceil(range[1])); }
+      try {
+        const body = await getJSON(endpoint + "?" + q);
+        for (const job of jobs) job.resolve({ series: body.metrics[job.metric] || {}, truncated: body.truncated });
+      } catch (err) { for (const job of jobs) job.reject(err); }
+    }
+    function flush() {
+      const groups = new Map();
+      for (const job of queue) {
+        const key = job.range ? `${Math.floor(job.range[0])}-${Math.ceil(job.range[1])}` : "";
+        if (!groups.has(key)) groups.set(key, []);
+        groups.get(key).push(job);
+      }
+      queue = [];
+      const size = perBatch();
+      for (const jobs of groups.values()) for (let i = 0; i < jobs.length; i += size) send(jobs.slice(i, i + size));
+    }
+    return (metric, range) => new Promise((resolve, reject) => {
+      if (!queue.length) setTimeout(flush, 0);
+      queue.push({ metric, range, resolve, reject });
+    });
+  }
+
   class Chart {
     // One metric: a series per key (rank, or run and rank), episodes as bands, events as markers.
-    // opts: endpoint, query(metric), keys(keys in the answer), view() -> {log, smooth, label, style, xmode},
-    // origin(key) -> the Unix time the key's run started (wall-time axis).
+    // opts: fetch(metric, range) -> {series, truncated}, keys(keys in the answer),
+    // view() -> {log, smooth, label, style, xmode}, origin(key) -> the Unix time the key's run started.
     constructor(parent, metric, opts) {
-      this.metric = metric; this.opts = opts; this.range = null; this.raw = {}; this.keys = [];
+      this.metric = metric; this.opts = opts; this.range = null; this.raw = null; this.keys = [];
       this.box = el("div", { class: "chart", id: "chart-" + metric.replace(/[^A-Za-z0-9_-]/g, "_"), "data-metric": metric });
       this.box.append(el("h3", {}, metric + (UNITS[metric] ? ` (${UNITS[metric]})` : "")));
       this.plotBox = el("div"); this.note = el("div", { class: "note" });
@@ -197,18 +236,21 @@
       this.box.append(this.plotBox, this.note, this.tip);
       parent.append(this.box);
       this.plot = null; this.episodes = []; this.events = []; this.map = IDENTITY;
-      this.visible = true; this.stale = false;
+      // Not fetched until the observer says it is on screen; ready() waits for that first word.
+      this.visible = false; this.stale = true; this.loading = Promise.resolve();
+      this.seen = new Promise((resolve) => { this.placed = resolve; });
       this.box.chart = this; onScreen.observe(this.box);
     }
+    async ready() { await this.seen; await this.loading; }
     refresh() {  // a live update: zoomed-in charts stay put, charts out of view wait until they are seen
-      if (this.range) return Promise.resolve();
+      return this.range ? Promise.resolve() : this.reload();
+    }
+    reload() {  // new data wanted (ranks chosen, zoom reset): now if on screen, else once it is
       if (!this.visible) { this.stale = true; return Promise.resolve(); }
       return this.load();
     }
     async load() {
-      const q = new URLSearchParams(this.opts.query(this.metric));
-      if (this.range) { q.set("lo", Math.floor(this.range[0])); q.set("hi", Math.ceil(this.range[1])); }
-      const body = await getJSON(this.opts.endpoint + "?" + q);
+      const body = await this.opts.fetch(this.metric, this.range);
       this.raw = body.series;
       this.times = new Map();  // step -> wall time (Unix s), shown beside the hovered step
       for (const s of Object.values(body.series)) s.x.forEach((x, i) => { if (s.t && s.t[i] != null) this.times.set(x, s.t[i]); });
@@ -239,6 +281,7 @@
       return out;
     }
     draw() {
+      if (!this.raw) return;  // not fetched yet: drawn once it is
       const { log, smooth, label, style, xmode } = this.opts.view();
       const data = align(this.series(xmode), this.keys, log, smooth);
       this.box.dataset.xmode = xmode;
@@ -382,7 +425,7 @@
         if (ranks.includes(r)) continue;
         ranks.push(r); chosen.add(String(r));
         const label = el("label"); const box = el("input", { type: "checkbox", "data-rank": r }); box.checked = true;
-        box.addEventListener("change", () => { box.checked ? chosen.add(String(r)) : chosen.delete(String(r)); all.forEach((c) => c.load()); });
+        box.addEventListener("change", () => { box.checked ? chosen.add(String(r)) : chosen.delete(String(r)); made.forEach((c) => c.reload()); });
         label.append(box, document.createTextNode(" " + r + " ")); ranksBox.append(label);
       }
     };
@@ -390,13 +433,14 @@
     const logBox = document.getElementById("log"), smooth = document.getElementById("smooth");
     const xmode = xAxisToggle(() => all);
     let started = info.first_seen;  // every rank's wall time counts from the run's start
+    const seriesQuery = () => {
+      const q = { id: runId, nranks: chosen.size };
+      if (chosen.size < ranks.length) q.ranks = [...chosen].join(",");
+      return q;
+    };
+    const perBatch = () => Math.max(1, Math.min(BATCH_METRICS, Math.floor(BATCH_SERIES / Math.max(1, chosen.size))));
     const opts = {
-      endpoint: "/api/series",
-      query: (metric) => {
-        const q = { id: runId, metric, nranks: chosen.size };
-        if (chosen.size < ranks.length) q.ranks = [...chosen].join(",");
-        return q;
-      },
+      fetch: batched("/api/run/series", seriesQuery, perBatch),
       keys: (ks) => ks.filter((k) => chosen.has(k)).sort((a, b) => a - b),
       view: () => ({
         log: logBox.checked, smooth: +smooth.value, xmode: xmode(), label: (k) => "rank " + k,
@@ -404,22 +448,40 @@
       }),
       origin: () => started,
     };
-    const all = info.metrics.map((m) => new Chart(charts, m, opts));
-    if (!all.length) charts.append(el("div", { class: "empty" }, "no metrics logged yet"));
+    // The charts shown: the first MAX_CHARTS metrics the filter matches, each made when first shown.
+    let metrics = info.metrics, all = [], marked = [[], []];
+    const made = new Map();
+    const filter = document.getElementById("metric-filter"), counted = document.getElementById("metric-count");
+    const show = () => {
+      const f = filter.value.trim().toLowerCase();
+      const matching = metrics.filter((m) => !f || m.toLowerCase().includes(f));
+      all = matching.slice(0, MAX_CHARTS).map((m) => {
+        if (!made.has(m)) { const chart = new Chart(charts, m, opts); chart.setMarks(...marked); made.set(m, chart); }
+        return made.get(m);
+      });
+      charts.replaceChildren(...all.map((c) => c.box));
+      all.forEach((c) => c.draw());  // one shown again may have missed a change of axis, scale or smoothing
+      if (!metrics.length) charts.append(el("div", { class: "empty" }, "no metrics logged yet"));
+      else if (!all.length) charts.append(el("div", { class: "empty" }, "no metric matches the filter"));
+      counted.textContent = matching.length > all.length ? `${all.length} of ${matching.length} metrics shown; filter to see others` : "";
+    };
+    show();
+    filter.addEventListener("input", show);
     logBox.addEventListener("change", () => all.forEach((c) => c.draw()));
     smooth.addEventListener("input", () => { document.getElementById("smooth-value").textContent = smooth.value; all.forEach((c) => c.draw()); });
-    document.getElementById("reset").addEventListener("click", () => all.forEach((c) => { c.range = null; c.load(); }));
+    document.getElementById("reset").addEventListener("click", () => all.forEach((c) => { c.range = null; c.reload(); }));
     const marks = async () => {
       const [eps, evs, anomalies] = await Promise.all([
         getJSON("/api/episodes?id=" + encodeURIComponent(runId)),
         getJSON("/api/events?id=" + encodeURIComponent(runId)),
         getJSON("/api/anomalies?id=" + encodeURIComponent(runId)),
       ]);
-      all.forEach((c) => c.setMarks(eps.rows, evs.rows));
+      marked = [eps.rows, evs.rows];
+      made.forEach((c) => c.setMarks(...marked));
       fill(document.querySelector("#anomalies tbody"), anomalies.rows, (a) => [td(a.time), td(a.rank, "num"), td(a.step, "num"), td(a.detector), td(a.severity, "sev-" + a.severity), td(a.state), td(a.message)]);
       fill(document.querySelector("#events tbody"), evs.rows, (e) => [td(e.step, "num"), td(e.rank, "num"), td(e.kind), td(e.detail, "mono")]);
     };
-    await Promise.all(all.map((c) => c.load()));
+    await Promise.all(all.map((c) => c.ready()));
     await marks();
     // The run's row (status, ranks, metrics) is re-read when events came (a start, an end), or every
     // INFO_EVERY_MS while steps come: it scans the whole run, and a new metric can wait that long.
@@ -428,15 +490,13 @@
       if (notice.runs !== null && !notice.runs.includes(runId)) return;
       if (notice.events || !all.length || performance.now() - infoAt > INFO_EVERY_MS) {
         infoAt = performance.now();
-        const known = new Set(all.map((c) => c.metric));
         const fresh = await getJSON("/api/run?id=" + encodeURIComponent(runId));
         addRanks(fresh.ranks);
-        if (fresh.metrics.length && !known.size) charts.replaceChildren();  // the "no metrics yet" note
-        for (const m of fresh.metrics) if (!known.has(m)) all.push(new Chart(charts, m, opts));
+        if (fresh.metrics.length !== metrics.length) { metrics = fresh.metrics; show(); }
         status.textContent = fresh.status; status.className = "badge " + fresh.status;
         started = fresh.first_seen;
       }
-      await Promise.all(all.map((c) => c.refresh()));
+      await Promise.all([...made.values()].map((c) => c.refresh()));  // those not shown are only marked stale
       if (notice.alerts || notice.events) await marks();
     });
   }
@@ -496,12 +556,12 @@
       const ids = [...chosen];
       const nseries = ids.reduce((n, r) => n + (everyRank ? (byId.get(r) || {}).ranks || 1 : rankChoice.size), 0);
       chart = new Chart(charts, select.value, {
-        endpoint: "/api/compare",
-        query: (metric) => {
+        fetch: (metric, range) => {
           const q = new URLSearchParams({ metric, nseries });
           ids.forEach((r) => q.append("id", r));
           q.set("ranks", everyRank ? "all" : [...rankChoice].join(","));
-          return q;
+          if (range) { q.set("lo", Math.floor(range[0])); q.set("hi", Math.ceil(range[1])); }
+          return getJSON("/api/compare?" + q);
         },
         keys: (ks) => ks.filter((k) => chosen.has(runOf(k)))
           .sort((a, b) => ids.indexOf(runOf(a)) - ids.indexOf(runOf(b)) || rankOf(a) - rankOf(b)),
@@ -513,7 +573,7 @@
         }),
         origin: (k) => (byId.get(runOf(k)) || {}).first_seen,  // each run from its own start
       });
-      return chart.load();
+      return chart.ready();
     };
     for (const r of runs.slice(0, 200)) {
       const label = el("label", { class: "mono" }); const box = el("input", { type: "checkbox" }); box.checked = chosen.has(r.run_id);
