@@ -9,12 +9,13 @@ Nothing here raises: a value that breaks a conversion is refused like any other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import difflib
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from trainvigil.schemas import RunEvent
+from trainvigil.schemas import KNOWN_METRICS, RunEvent
 from trainvigil.schemas.limits import MAX_FIELDS_DEPTH, MAX_NAME
 
 MAX_ITEMS = 1024
@@ -80,6 +81,55 @@ def array_reader(cls: type) -> Callable[[Any], Any] | None:
 
 def _numpy_item(value: Any) -> Any:
     return np.asarray(value).item()
+
+
+TYPO_CUTOFF = 0.8
+"""How alike (difflib's ratio) a metric name must be to a known one to be taken for its typo: ``los``, ``Loss``
+and ``grad_nrom`` are (0.86-1.0); ``l2`` and ``k1`` are not (0.5), whatever they resemble."""
+MAX_NAMES_CHECKED = 1024
+"""Distinct metric names a run's agent compares with the known ones; past them (a name per layer or per
+step) new names go unchecked, so the set of names seen stays small."""
+
+
+def resembles_known(name: str) -> str | None:
+    """The known metric (``KNOWN_METRICS``) that ``name`` looks like a misspelling of, or ``None``.
+
+    A name that holds a known one whole (``val_loss``, ``loss2``, ``kl_coef``) is taken as meant, and so
+    is a known name itself; any other within :data:`TYPO_CUTOFF` of one, compared in lower case, is not.
+    """
+    if name in KNOWN_METRICS:
+        return None
+    lower = name.lower()
+    if lower in KNOWN_METRICS:
+        return lower
+    close = difflib.get_close_matches(lower, [k for k in KNOWN_METRICS if k not in lower], n=1, cutoff=TYPO_CUTOFF)
+    return close[0] if close else None
+
+
+class MetricNames:
+    """The metric names a run logged so far; says once per new name which known metric it resembles.
+
+    Fed by the worker thread (never the training thread) with the column names of each packed batch.
+    """
+
+    def __init__(self, limit: int = MAX_NAMES_CHECKED) -> None:
+        self._seen: set[str] = set(KNOWN_METRICS)
+        self._limit = limit + len(KNOWN_METRICS)
+        self._typos: list[tuple[str, str]] = []
+
+    def add(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name in self._seen or len(self._seen) >= self._limit:
+                continue
+            self._seen.add(name)
+            known = resembles_known(name)
+            if known is not None:
+                self._typos.append((name, known))
+
+    def take_typos(self) -> list[tuple[str, str]]:
+        """(name, the known metric it resembles) for each name not handed out yet."""
+        typos, self._typos = self._typos, []
+        return typos
 
 
 def as_step(value: Any) -> int | None:

@@ -31,7 +31,7 @@ from trainvigil.schemas.kinds import RECORD_KINDS
 from trainvigil.schemas.subjects import Kind
 
 from ._drops import Drops
-from ._values import describe
+from ._values import MetricNames, describe
 from .columnar import Entry, StepBatchBuilder, split_step_batch
 from .outbox import OutMsg
 
@@ -57,6 +57,8 @@ class Batcher:
         self.nonce = secrets.token_hex(8)
         self._id_prefix = f"{source.run_id}/{source.rank}/{source.host}/{source.pid}/{self.nonce}"
         self._open = StepBatchBuilder()
+        self.names = MetricNames()
+        """The metric names packed so far (the worker says which look like typos of known ones)."""
 
     @property
     def open_rows(self) -> int:
@@ -80,7 +82,10 @@ class Batcher:
         self.drops.merge(builder.dropped, builder.notes)
         try:
             batch = builder.finish(time.time())
-            return [] if batch is None else self._step_messages(batch)
+            if batch is None:
+                return []
+            self.names.add(batch.columns)
+            return self._step_messages(batch)
         except Exception as exc:
             self._failed("packing or encoding steps", exc, "encode_error", builder.rows)
             return []

@@ -26,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "verify",
         help="check a checkpoint against its manifest (<path>.vigil.json)",
         description="Load a checkpoint saved with trainvigil.checkpoint.save() and compare every tensor's "
-        "digest with its manifest. Exit 0 on a match, 1 on a mismatch (differing tensors listed), "
-        "2 when there is no manifest. With the daemon extra, it then says which run and step saved the "
+        "digest with its manifest (differing tensors listed). With the daemon extra, it then says which run and "
+        "step saved the "
         "manifest's content, from the daemon's checkpoint registry (vigil checkpoints).",
     )
     verify.add_argument("path", help="the checkpoint file")

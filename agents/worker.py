@@ -589,6 +589,15 @@ class Worker:
     def _report_drops(self, force: bool = False) -> None:
         for note in self.drops.take_notes():
             log.warning("trainvigil: dropped %s", note)
+        for name, known in self._batcher.names.take_typos():
+            log.warning(
+                "trainvigil: metric %r resembles the known metric %r; its values are stored as the custom metric "
+                "extra[%r] (log it as %r if that is what it is)",
+                name,
+                known,
+                name,
+                known,
+            )
         total = self.drops.total()
         now = time.monotonic()
         if total > self._reported_drops and (force or now - self._last_report > 10.0):

@@ -16,7 +16,16 @@ from anyio.abc import TaskStatus
 
 from trainvigil.daemon.alerts.fanout import Alerts
 from trainvigil.daemon.broker.bus import access, embedded_setup
-from trainvigil.daemon.broker.embedded import BrokerUnavailableError, port_open, speaks_nats, supervise
+from trainvigil.daemon.broker.embedded import (
+    BUNDLED_NAME,
+    BrokerUnavailableError,
+    marks,
+    port_open,
+    server_info,
+    stop_stray,
+    supervise,
+)
+from trainvigil.daemon.broker.holders import hold
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.broker.shards import answer_roll_call, check_partitioning
 from trainvigil.daemon.canary import Canaries
@@ -48,20 +57,49 @@ async def _resolve_broker(config: DaemonConfig, tg: anyio.abc.TaskGroup) -> str:
     if config.nats_url:
         return config.nats_url
     host, port = "127.0.0.1", config.embedded_port
+    mark = marks(Path(config.data_dir))
     if port_open(host, port):
         url = f"nats://{host}:{port}"
-        if not await anyio.to_thread.run_sync(speaks_nats, host, port, min(2.0, config.connect_timeout_s)):
+        info = await anyio.to_thread.run_sync(server_info, host, port, min(2.0, config.connect_timeout_s))
+        if info is None:
             raise ConfigError(
                 f"embedded_port: {host}:{port} is held by a program that is not a NATS server; stop it, "
                 "pass --embedded-port with a free port, or --nats with your broker's URL",
                 key="embedded_port",
             )
-        log.info("nats_found", url=url)
-        return url
+        name = str(info.get("server_name", ""))
+        if name != mark["name"]:
+            if name.startswith(BUNDLED_NAME):  # its own daemon, if up, refuses this one (holders.hold)
+                log.warning(
+                    "nats_found",
+                    url=url,
+                    server_name=name,
+                    note="the bundled nats-server of another data dir's `vigil up`: it stops with that daemon and this "
+                    "one does not restart it; pass --embedded-port to have a broker of this daemon's own",
+                )
+            else:
+                log.info("nats_found", url=url)
+            return url
+        # Its own data dir's broker, yet this daemon holds the data dir: the daemon that started it is gone.
+        # Stopped, not adopted: one of its own is supervised (restarted if it dies) and stops with it.
+        pid = await stop_stray(mark, host, port)
+        log.warning(
+            "stray_nats_server_stopped",
+            pid=pid,
+            url=url,
+            note="a previous `vigil up` on this data dir left its bundled nats-server running; stopped it and "
+            "starting one that stops with this daemon",
+        )
     store_dir = Path(config.data_dir) / "jetstream"
     setup = embedded_setup(config)
     start = partial(
-        supervise, port, store_dir, host=config.embedded_host, config_file=setup.config_file, scheme=setup.scheme
+        supervise,
+        port,
+        store_dir,
+        host=config.embedded_host,
+        config_file=setup.config_file,
+        scheme=setup.scheme,
+        mark=mark,
     )
     embedded: str = await tg.start(start)
     return embedded
@@ -158,7 +196,8 @@ async def _with_retries(call: Callable[[], Awaitable[object]], url: str, deadlin
 
 
 async def _watch_signals(ingest: Ingest) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGHUP: the terminal that ran `vigil up` closed; drained and stopped like SIGTERM, the broker with it.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("stopping", signal=signal.Signals(signum).name)
             ingest.stop()
@@ -200,9 +239,10 @@ async def serve(
     on_ready: Callable[[str], None] | None = None,
     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the daemon until SIGTERM/SIGINT (or, with ``drain``, until the stream is consumed).
+    """Run the daemon until SIGTERM/SIGINT/SIGHUP (or, with ``drain``, until the stream is consumed).
 
-    Start-up order: broker (embedded if needed) → store → stream → HTTP → query responder
+    Start-up order: broker (embedded if needed) → store → claim of the stream and consumer (one
+    daemon per broker, :mod:`~trainvigil.daemon.broker.holders`) → stream → HTTP → query responder
     → alerts (webhook worker) → canaries (trigger, schedule) → ingest. On a signal the ingest
     stage finishes the batch in hand, commits, acks and publishes its alerts; queued webhook
     posts get ``alerts.drain_s``; everything else is cancelled (running canaries are killed and
@@ -210,7 +250,7 @@ async def serve(
 
     A shard (``config.shard``) first checks that the broker partitions runs over its count, then
     uses its own stream and consumer (:meth:`DaemonConfig.for_shard`), answers queries on its own
-    subject and the roll call, and runs no canaries.
+    subject and the roll call, and runs the canaries whose runs it owns.
     """
     config = config.for_shard()
     shard = config.shard_id
@@ -238,6 +278,8 @@ async def serve(
                 js = nc.jetstream()
                 if shard is not None:
                     await check_partitioning(nc, shard, url)
+                # Before the stream and the consumer are touched: binding the consumer evicts its holder.
+                await tg.start(partial(hold, nc, config, url, metrics))
                 subjects = config.stream_subjects
                 await _with_retries(lambda: ensure_stream(js, config.stream, subjects), url, config.connect_timeout_s)
                 if config.http_port:
@@ -246,13 +288,14 @@ async def serve(
                 if shard is None:
                     await tg.start(serve_queries, nc, store, config, metrics)
                     await tg.start(alerts.serve)
-                    await tg.start(Canaries(nc, store, config, metrics, alerts, url).serve)
                 else:
                     # A shard answers queries on its own subject only (``vigil sql`` gathers every
-                    # shard's, never one shard's alone) and runs no canaries (config refuses them).
+                    # shard's, never one shard's alone).
                     await tg.start(partial(serve_queries, nc, store, config, metrics, subject=shard.query_subject))
                     await tg.start(answer_roll_call, nc, shard, metrics)
                     await tg.start(alerts.serve)
+                # A shard runs the canaries whose runs it owns (see trainvigil.daemon.canary.service).
+                await tg.start(Canaries(nc, store, config, metrics, alerts, url).serve)
                 ingest = Ingest(js, store, config, metrics, alerts)
                 tg.start_soon(_watch_signals, ingest)
                 log.info(

@@ -307,7 +307,8 @@ class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Fault-injection canaries (``[canary]``): small real training jobs that prove the daemon still catches faults.
 
     Attributes:
-        enabled: run the schedule (``vigil canary run`` works either way).
+        enabled: run the schedule (``vigil canary run`` works either way). On a shard (``shard``) the
+            schedule runs canaries whose runs that shard owns, so every shard proves its own detectors.
         every: an interval (``30m``, ``2h``) or a cron expression (``*/30 * * * *``, UTC). A tick while
             ``concurrency`` canaries still run is skipped, never queued.
         faults: the kinds a scheduled canary may get (``all``, or a list / comma-separated kinds).
@@ -475,8 +476,6 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 _require("shard", self.shard, f"INDEX/COUNT like 0/2, 0 <= INDEX < COUNT <= {MAX_SHARDS}", False)
             rule = "given with nats_url (--nats): the bundled broker does not partition runs over shards"
             _require("shard", self.shard, rule, bool(self.nats_url))
-            rule = "left empty while canary.enabled: scheduled canaries run on an unsharded daemon only"
-            _require("shard", self.shard, rule, not self.canary.enabled)
         _port("embedded_port", self.embedded_port, lowest=1)
         _require("embedded_host", self.embedded_host, "a host name or address", bool(self.embedded_host.strip()))
         both = bool(self.embedded_tls_cert) == bool(self.embedded_tls_key)

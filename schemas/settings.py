@@ -12,10 +12,12 @@ the daemon may import.
 
 from __future__ import annotations
 
+import difflib
 import random
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import msgspec
 import stamina
@@ -90,9 +92,62 @@ def convert(tree: Mapping[str, Any], struct: type[S]) -> S:
 
     Raises:
         msgspec.ValidationError: a value has the wrong type or breaks a ``Meta`` constraint;
-            the message names the key (``at `$.stream.max_age_s```).
+            the message names the key (``at `$.stream.max_age_s```); an unknown key, the closest known one.
     """
-    return msgspec.convert(tree, struct, strict=False, dec_hook=_decode_extra)
+    try:
+        return msgspec.convert(tree, struct, strict=False, dec_hook=_decode_extra)
+    except msgspec.ValidationError as exc:
+        hint = _closest_key(str(exc), struct)
+        if not hint:
+            raise
+        raise msgspec.ValidationError(f"{exc}{hint}") from None
+
+
+def did_you_mean(value: str, valid: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` with the valid value closest to ``value``, or ``""`` when none is close."""
+    close = difflib.get_close_matches(value, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+_UNKNOWN_KEY = re.compile(r"unknown field `(?P<key>[^`]+)` - at `\$(?P<path>[^`]*)`")
+
+
+def _closest_key(message: str, struct: type) -> str:
+    """For msgspec's "unknown field `k` - at `$.a.b`": the closest key of the table at ``a.b``, or ``""``."""
+    found = _UNKNOWN_KEY.search(message)
+    if not found:
+        return ""
+    table: Any = struct
+    for name, index in re.findall(r"\.(\w+)|\[(\d+)\]", found["path"]):
+        table = _item_type(table) if index else _field_type(table, name)
+        if table is None:
+            return ""
+    if not (isinstance(table, type) and issubclass(table, msgspec.Struct)):
+        return ""
+    return did_you_mean(found["key"], (f.encode_name for f in msgspec.structs.fields(table)))
+
+
+def _unwrap(tp: Any) -> Any:
+    """``tp`` without ``Annotated``, and a Struct out of a union (``X | list[X]``) when there is one."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    args = get_args(tp)
+    if args and get_origin(tp) not in (list, tuple, dict):
+        structs = [a for a in args if isinstance(a, type) and issubclass(a, msgspec.Struct)]
+        return structs[0] if structs else tp
+    return tp
+
+
+def _field_type(struct: Any, name: str) -> Any:
+    if not (isinstance(struct, type) and issubclass(struct, msgspec.Struct)):
+        return None
+    field = next((f for f in msgspec.structs.fields(struct) if f.encode_name == name), None)
+    return None if field is None else _unwrap(field.type)
+
+
+def _item_type(tp: Any) -> Any:
+    args = get_args(tp)
+    return _unwrap(args[0]) if get_origin(tp) in (list, tuple) and args else None
 
 
 def retrying(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .canaries import CANARY_SUBJECT
 from .subjects import KINDS, PREFIX, QUERY_SUBJECT, run_token
 
 PROBE_KIND = "probe"
@@ -53,6 +54,19 @@ class ShardId:
     def query_subject(self) -> str:
         """Where this shard answers read-only SQL (the request/reply of ``vigil sql``)."""
         return f"{QUERY_SUBJECT}.shard.{self.index}"
+
+    def owns(self, run_id: str) -> bool:
+        """Whether the broker routes ``run_id``'s records to this shard (:func:`shard_of`)."""
+        return shard_of(run_id, self.count) == self.index
+
+    def owner_of(self, run_id: str) -> ShardId:
+        """The shard of this deployment whose stream holds ``run_id``'s records."""
+        return ShardId(shard_of(run_id, self.count), self.count)
+
+    @property
+    def canary_subject(self) -> str:
+        """Where this shard takes canary triggers for the runs it owns (handed on by whichever shard got one)."""
+        return f"{CANARY_SUBJECT}.shard.{self.index}"
 
 
 def partition_subjects(partition: int | str = "*") -> list[str]:

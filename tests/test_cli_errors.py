@@ -187,6 +187,11 @@ CASES: dict[str, Callable[[Setting], Case]] = {
     "verify: missing file": lambda s: Case(
         ["verify", str(path := s.tmp / "missing.pt")], 1, [str(path), "does not exist"]
     ),
+    "canary run: a misspelt fault, refused before a daemon starts": lambda s: Case(
+        ["canary", "run", "--fault", "nan_gard", "--data-dir", str(s.tmp / "d")],
+        2,
+        ["unknown fault 'nan_gard'", "did you mean 'nan_grad'?"],
+    ),
 }
 
 

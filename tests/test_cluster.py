@@ -310,7 +310,6 @@ def test_a_shard_has_its_own_stream_consumer_and_partition_subjects() -> None:
         ({"VIGIL_SHARD": "2/2", "VIGIL_NATS_URL": "nats://a:1"}, "0 <= INDEX < COUNT"),
         ({"VIGIL_SHARD": "zero", "VIGIL_NATS_URL": "nats://a:1"}, "INDEX/COUNT like 0/2"),
         ({"VIGIL_SHARD": "0/2"}, "given with nats_url"),
-        ({"VIGIL_SHARD": "0/2", "VIGIL_NATS_URL": "nats://a:1", "VIGIL_CANARY_ENABLED": "true"}, "canary"),
         ({"VIGIL_STREAM_REPLICAS": "7"}, "stream.replicas"),
         ({"VIGIL_NATS_URL": "nats://a:1,b"}, "several comma-separated"),
     ],

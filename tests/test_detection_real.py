@@ -4,7 +4,7 @@ injected into the real training), replayed through the detectors as live ingest 
 
 Each finding on the corpus has a test here: no false page from the spike and
 KL detectors on healthy real runs, kl_explode on LR x50/x100, reward_hack on a learnable
-exploit and an entropy collapse (and not on an LR blow-up), printed thresholds the value
+exploit, a swapped reward function and an entropy collapse (and not on an LR blow-up), printed thresholds the value
 crossed, a declared ``target_kl``, and slowdown's severity following the measured speed.
 """
 
@@ -69,6 +69,7 @@ def test_no_false_page_from_the_spike_and_kl_detectors_on_healthy_real_training(
         ("ppo-cartpole-lr-x100", "kl_explode", 20),
         ("ppo-cartpole-entropy-collapse", "reward_hack", 100),
         ("ppo-cartpole-reward-exploit", "reward_hack", 200),
+        ("ppo-cartpole-reward-swap", "reward_hack", 150),
         ("gpt-repeat-batch", "generalisation", 300),
     ],
 )

@@ -7,6 +7,7 @@ same batch repeated from a step on), plus the rules' edges on small hand-made se
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,40 @@ def test_a_declared_validation_metric_and_eval_events_are_read_too() -> None:
 @pytest.mark.parametrize("min_evals", [3])
 def test_nothing_is_judged_before_min_evals(min_evals: int) -> None:
     assert _run([2.0, 5.0, 9.0], [2.0, 1.0, 0.1]) == []
+
+
+CURVES = re.compile(
+    r"validation loss rose (?P<v0>[\d.]+) -> (?P<v1>[\d.]+) over steps (?P<s0>\d+) -> (?P<s1>\d+).*"
+    r"while the training loss \(median per evaluation interval\) (?P<train>fell|stayed level|rose) "
+    r"(?P<t0>[\d.]+) -> (?P<t1>[\d.]+) over the same steps"
+)
+
+
+def test_a_sudden_rise_while_the_training_loss_keeps_falling_is_named_memorisation_with_both_curves() -> None:
+    val = [2.0, 1.6, 1.4, 1.3, 2.1]
+    train = [2.0, 1.6, 1.4, 1.25, 1.0]
+    (page,) = _run(val, train)
+    assert page.severity == "page" and page.step == 499
+    assert "memorising" in page.message and "overfitting" in page.message, page.message
+    assert "stopped generalising" not in page.message
+    curves = CURVES.search(page.message)
+    assert curves is not None, page.message
+    assert (float(curves["v0"]), float(curves["v1"]), int(curves["s0"]), int(curves["s1"])) == (1.3, 2.1, 399, 499)
+    assert curves["train"] == "fell" and float(curves["t0"]) > float(curves["t1"])
+
+
+def test_gradual_overfitting_names_both_curves_over_the_rises() -> None:
+    val = [2.0, 1.6, 1.4, 1.3, 1.32, 1.38, 1.45, 1.55, 1.7]
+    train = [2.0, 1.6, 1.4, 1.25, 1.1, 0.95, 0.8, 0.7, 0.6]
+    out = _run(val, train)
+    curves = CURVES.search(out[0].message)
+    assert curves is not None, out[0].message
+    assert (float(curves["v0"]), float(curves["v1"]), int(curves["s0"]), int(curves["s1"])) == (1.3, 1.45, 399, 699)
+    assert curves["train"] == "fell"
+
+
+def test_the_real_repeated_batch_page_names_both_curves() -> None:
+    (first, *_) = _found("gpt-repeat-batch")
+    curves = CURVES.search(first.message)
+    assert curves is not None and curves["train"] == "fell", first.message
+    assert "memorising" in first.message

@@ -7,6 +7,7 @@ Screenshots go to ``$VIGIL_TEST_ARTIFACTS/web`` (default ``build/test-artifacts/
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -27,6 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts")) / "web"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RUN, XSS, LONG, MANY = "web-run", "<script>alert(1)</script>", "long-run", "many-metrics"
+# A run whose loss goes NaN at step 50 of 200 while its lr runs on; a run with an eval at every step and its
+# twin without events (the same metrics and steps, so their pages differ by the events alone).
+NAN_RUN, EVALS, QUIET = "nan-run", "evals-run", "quiet-run"
+SHORT_STEPS, LOSS_NAN_AT, EVENTS_PAGE = 200, 50, 20
 STEPS, NAN_STEP, LONG_STEPS, SPIKE_STEP = 300, 200, 6000, 4321
 MANY_METRICS, MANY_STEPS = 300, 10
 MAX_CHARTS = 60  # vigil.js draws at most this many charts on a run page
@@ -67,7 +72,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         xss = trainvigil.init(XSS, 0, nats.url, flush_interval=0.05)
         long = trainvigil.init(LONG, 0, nats.url, flush_interval=0.05)
         many = trainvigil.init(MANY, 0, nats.url, flush_interval=0.05)
-        agents = [*ranks, xss, long, many]
+        nan_run, evals, quiet = (trainvigil.init(r, 0, nats.url, flush_interval=0.05) for r in (NAN_RUN, EVALS, QUIET))
+        agents = [*ranks, xss, long, many, nan_run, evals, quiet]
+        for step in range(SHORT_STEPS):
+            nan_run.log(step, loss=float("nan") if step >= LOSS_NAN_AT else _loss(step, 0), lr=1e-3)
+            for agent in (evals, quiet):
+                agent.log(step, loss=_loss(step, 0), lr=1e-3)
+            evals.event("eval", step=step, accuracy=step / SHORT_STEPS)
         for step in range(MANY_STEPS):
             many.log(step, **{_many(i): i + step / 10 for i in range(MANY_METRICS)})
         for step in range(STEPS):
@@ -85,12 +96,22 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
                 pass
             long.log(step, loss=100.0 if step == SPIKE_STEP else 1.0 + (step % 2) * 0.01)
         assert all(agent.flush(30) for agent in agents)
-        total = 2 * STEPS + STEPS + LONG_STEPS + MANY_STEPS
+        total = 2 * STEPS + STEPS + LONG_STEPS + MANY_STEPS + 3 * SHORT_STEPS
         wait_for(lambda: daemon.scalar("select count(*) from steps") == total, 30, "every step committed")
+        for run in (RUN, NAN_RUN):
+            wait_for(
+                functools.partial(
+                    daemon.scalar, f"select count(*) from anomalies where run_id = '{run}' and detector = 'non_finite'"
+                ),
+                30,
+                f"the non_finite alert of {run}",
+            )
         wait_for(
-            lambda: daemon.scalar(f"select count(*) from anomalies where run_id = '{RUN}' and detector = 'non_finite'"),
+            lambda: (
+                daemon.scalar(f"select count(*) from events where run_id = '{EVALS}' and kind = 'eval'") == SHORT_STEPS
+            ),
             30,
-            "the non_finite alert",
+            "every eval event",
         )
         yield Site(nats, daemon, agents)
     finally:
@@ -177,7 +198,7 @@ def _shot(page: object, name: str) -> None:
 def test_the_runs_page_lists_every_run_and_renders_a_script_run_id_as_text(site: Site, page: object) -> None:
     _open(page, site, "/")
     links = page.locator("#runs tbody a")  # type: ignore[attr-defined]
-    assert sorted(links.all_text_contents()) == sorted([RUN, XSS, LONG, MANY])
+    assert sorted(links.all_text_contents()) == sorted([RUN, XSS, LONG, MANY, NAN_RUN, EVALS, QUIET])
     assert page.locator("#runs script").count() == 0  # type: ignore[attr-defined]
     _shot(page, "runs.png")
     assert page.dialogs == []  # type: ignore[attr-defined]
@@ -194,7 +215,7 @@ def test_the_run_page_draws_a_chart_per_metric_with_the_alert_episode_on_grad_no
     assert band.count() == 1
     assert "grad_norm is nan" in (band.get_attribute("title") or "")
     assert page.locator("#anomalies tbody tr").count() >= 1  # type: ignore[attr-defined]
-    assert page.locator('#chart-loss .event[data-kind="eval"]').count() == 1  # type: ignore[attr-defined]
+    assert page.locator('#event-lane .tick[data-kind="eval"]').count() == 1  # type: ignore[attr-defined]
     over = page.locator("#chart-grad_norm .u-over")  # type: ignore[attr-defined]
     box = over.bounding_box()
     page.mouse.move(box["x"] + box["width"] * NAN_STEP / (STEPS - 1), box["y"] + box["height"] / 2)  # type: ignore[attr-defined]
@@ -203,6 +224,82 @@ def test_the_run_page_draws_a_chart_per_metric_with_the_alert_episode_on_grad_no
     legend_step = page.locator("#chart-grad_norm .u-legend .u-series").first.inner_text()  # type: ignore[attr-defined]
     assert "·" in legend_step, f"the hovered step's wall time is shown: {legend_step!r}"
     _shot(page, "run-with-alert.png")
+
+
+def _x_scales(page: object) -> dict[str, tuple[float, float]]:
+    """Each chart's drawn x range, read from its uPlot instance."""
+    spans = page.locator(".chart").evaluate_all(  # type: ignore[attr-defined]
+        "cs => cs.map(c => [c.dataset.metric, c.chart.plot.scales.x.min, c.chart.plot.scales.x.max])"
+    )
+    return {metric: (lo, hi) for metric, lo, hi in spans}
+
+
+def test_a_metric_gone_nan_is_marked_on_its_chart_and_every_chart_spans_the_run_with_the_alert(
+    site: Site, page: object
+) -> None:
+    answer = site.get(f"/api/run/series?id={NAN_RUN}&metric=loss&metric=lr").json()["metrics"]
+    nonfinite = answer["loss"]["0"]["nonfinite"]
+    assert (nonfinite["x"][0], nonfinite["v"][0]) == (LOSS_NAN_AT, "nan"), "the API carries the NaN explicitly"
+    assert "nonfinite" not in answer["lr"]["0"]
+    _open(page, site, "/run?id=" + NAN_RUN)
+    scales = _x_scales(page)
+    assert set(scales) == {"loss", "lr"}
+    assert all(span == (0, SHORT_STEPS - 1) for span in scales.values()), f"one x range for the run: {scales}"
+    marker = page.locator(f'#chart-loss .nonfinite[data-step="{LOSS_NAN_AT}"]')  # type: ignore[attr-defined]
+    assert marker.count() == 1 and marker.get_attribute("data-kind") == "nan"
+    assert f"NaN at step {LOSS_NAN_AT}" in (marker.get_attribute("title") or "")
+    assert page.locator("#chart-lr .nonfinite").count() == 0  # type: ignore[attr-defined]
+    for metric in scales:
+        band = page.locator(f"#chart-{metric} .episode.sev-page")  # type: ignore[attr-defined]
+        assert band.count() == 1, f"the non_finite alert band on the {metric} chart"
+        assert "non_finite" in (band.get_attribute("title") or "")
+    assert f"NaN at step {LOSS_NAN_AT}" in page.locator("#chart-loss .note").inner_text()  # type: ignore[attr-defined]
+    box = page.locator("#chart-loss .u-over").bounding_box()  # type: ignore[attr-defined]
+    page.mouse.move(box["x"] + box["width"] * LOSS_NAN_AT / (SHORT_STEPS - 1), box["y"] + 4)  # type: ignore[attr-defined]
+    tip = page.locator("#chart-loss .tip")  # type: ignore[attr-defined]
+    assert tip.is_visible() and f"NaN at step {LOSS_NAN_AT}" in tip.inner_text(), "hovering the marker names it"
+    _shot(page, "run-non-finite.png")
+
+
+def test_zooming_one_chart_of_a_run_zooms_every_chart_and_reset_restores_the_run(site: Site, page: object) -> None:
+    _open(page, site, "/run?id=" + NAN_RUN)
+    box = page.locator("#chart-lr .u-over").bounding_box()  # type: ignore[attr-defined]
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.1, y)  # type: ignore[attr-defined]
+    page.mouse.down()  # type: ignore[attr-defined]
+    page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=5)  # type: ignore[attr-defined]
+    page.mouse.up()  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.querySelector('#chart-loss .note').textContent.includes('steps ')")  # type: ignore[attr-defined]
+    scales = _x_scales(page)
+    assert scales["loss"] == scales["lr"] and scales["lr"][1] < SHORT_STEPS / 2 + 5, scales
+    page.click("#reset")  # type: ignore[attr-defined]
+    page.wait_for_function("() => !document.querySelector('#chart-loss .note').textContent.includes('steps ')")  # type: ignore[attr-defined]
+    assert all(span == (0, SHORT_STEPS - 1) for span in _x_scales(page).values())
+
+
+def test_a_run_with_200_evals_draws_them_in_one_lane_and_pages_its_events_table(site: Site, page: object) -> None:
+    height = "() => document.documentElement.scrollHeight"
+    _open(page, site, "/run?id=" + QUIET)
+    quiet = page.evaluate(height)  # type: ignore[attr-defined]
+    _open(page, site, "/run?id=" + EVALS)
+    assert page.evaluate(height) < 2 * quiet, "the events do not stretch the page"  # type: ignore[attr-defined]
+    assert page.locator(".chart .event").count() == 0, "no event lines on the charts"  # type: ignore[attr-defined]
+    assert page.locator('#event-lane .tick[data-kind="eval"]').count() == SHORT_STEPS  # type: ignore[attr-defined]
+    lane = page.locator("#event-lane").bounding_box()  # type: ignore[attr-defined]
+    page.mouse.move(lane["x"] + lane["width"] / 2, lane["y"] + lane["height"] / 2)  # type: ignore[attr-defined]
+    tip = page.locator("#event-lane .tip")  # type: ignore[attr-defined]
+    assert tip.is_visible() and "eval @ step" in tip.inner_text(), "hovering the lane names the events there"
+    steps = page.locator("#events tbody tr td:first-child")  # type: ignore[attr-defined]
+    assert steps.count() == EVENTS_PAGE
+    assert int(steps.first.inner_text()) == SHORT_STEPS - 1, "newest first"
+    pages = 1
+    while page.locator("#events-older").is_enabled() and pages < 50:  # type: ignore[attr-defined]
+        page.click("#events-older")  # type: ignore[attr-defined]
+        pages += 1
+    assert pages == SHORT_STEPS // EVENTS_PAGE
+    assert steps.count() == EVENTS_PAGE and int(steps.last.inner_text()) == 0, "the last page ends at the first event"
+    assert f"page {pages} of {pages}" in page.locator("#events-pager").inner_text()  # type: ignore[attr-defined]
+    _shot(page, "run-many-events.png")
 
 
 def test_a_step_logged_while_the_run_page_is_open_appears_within_2_s(site: Site, page: object) -> None:

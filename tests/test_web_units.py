@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -51,6 +52,39 @@ def test_bucket_count_keeps_points_and_rows_in_budget() -> None:
     assert sql.bucket_count(1) * 2 <= sql.MAX_POINTS
     assert sql.bucket_count(64) * 64 <= sql.MAX_ROWS
     assert sql.bucket_count(10_000) >= 10
+
+
+def test_non_finite_values_come_as_their_own_points_and_the_buckets_span_their_steps(tmp_path: Path) -> None:
+    store = Store(tmp_path / "vigil.duckdb")
+    try:
+        store.con.execute(
+            "INSERT INTO steps (run_id, rank, step, time, loss, extra) SELECT 'p', 0, s, to_timestamp(100 + s), v, "
+            "MAP {'acc': v} FROM (VALUES (0, 1.0), (1, 'nan'::DOUBLE), (2, 2.0), (3, 'inf'::DOUBLE), "
+            "(4, '-inf'::DOUBLE), (5, 'nan'::DOUBLE)) t(s, v)"
+        )
+
+        def series(metrics: list[str], n: int) -> dict[str, dict[str, dict[str, Any]]]:
+            result = run_query(store.cursor(), sql.run_series_of("p", metrics, [], None, None, n), sql.MAX_ROWS, 10)
+            assert not result.error, result.error
+            return sql.points_by_metric(result.rows)
+
+        for metric in ("loss", "acc"):  # a known column and a custom metric
+            loss = series([metric], 6)[metric]["0"]
+            assert (loss["x"], loss["y"]) == ([0, 2], [1.0, 2.0]), "finite values only in x and y"
+            assert loss["nonfinite"] == {
+                "x": [1, 3, 4, 5],
+                "v": ["nan", "+inf", "-inf", "nan"],
+                "t": [101.0, 103.0, 104.0, 105.0],
+            }
+        # One bucket of steps 0-5: the first step of each kind in it.
+        assert series(["loss", "acc"], 1)["loss"]["0"]["nonfinite"]["x"] == [1, 3, 4]
+        store.con.execute("UPDATE steps SET loss = 'nan'::DOUBLE")
+        only = sql.points(run_query(store.cursor(), sql.run_series("p", "loss", [], None, None, 6), 100, 10).rows)
+        assert only["0"]["x"] == [] and only["0"]["nonfinite"]["x"] == list(range(6)), "a series of NaNs still comes"
+        finite = sql.points(run_query(store.cursor(), sql.run_series("p", "acc", [], 0, 0, 6), 100, 10).rows)
+        assert finite == {"0": {"x": [0], "y": [1.0], "t": [100.0]}}, "a finite series has no nonfinite entry"
+    finally:
+        store.close()
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The corpus of real training runs the detectors are judged on (``tests/data/corpus/``).
 
 - ``runs``: which runs exist, their faults, seeds, expected detectors and latency budgets.
-- ``ppo``, ``supervised``, ``gpt``: the real training workloads (run as ``python -m bench.corpus.<name>``).
+- ``ppo``, ``supervised``, ``gpt``, ``regression``: the real training workloads (run as
+  ``python -m bench.corpus.<name>``).
 - ``record``: trains each run beside a real broker and daemon (``_stack``) and exports what
   was stored (``_export``, ``manifest``).
 - ``load``: reads a recorded run back; ``score``: scores alerts against its manifest.

@@ -16,6 +16,11 @@ the true return. Faults (from update ``--fault-at``):
   environment's reward for training: it scores pushing right +1 and left -1, so always
   pushing right pays most; the learner learns it, the score climbs towards 1, the entropy
   collapses and the true return (``true_return``, the ``eval`` events) falls to ~9.
+- ``reward_swap``: the reward function the learner trains on is swapped for the same flawed
+  model (+1 for pushing right, -1 for left), and this run logs as ``reward`` what RL runs
+  usually log, the mean training return of the last 20 finished episodes: the task's
+  return before the swap, the flawed model's after it. Its scale shifts at the swap and it
+  then barely moves (short all-right episodes score ~+9), while the true return collapses.
 - ``entropy_collapse``: the entropy coefficient turns negative (-0.2): the policy is
   pushed towards determinism.
 - ``nan``: the advantages of that update are NaN (a bad normaliser); the loss, the
@@ -108,7 +113,7 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, last: np.nda
 
 
 def main() -> None:
-    faults_known = ("lr_x50", "lr_x100", "reward_exploit", "entropy_collapse", "nan", "crash")
+    faults_known = ("lr_x50", "lr_x100", "reward_exploit", "reward_swap", "entropy_collapse", "nan", "crash")
     p = parser(__doc__.splitlines()[0], steps=1500, faults=faults_known)
     p.add_argument("--env", default="CartPole-v1", choices=("CartPole-v1", "Acrobot-v1"))
     p.add_argument("--envs", type=int, default=4)
@@ -125,7 +130,8 @@ def main() -> None:
     learner = Learner(obs_shape[0], int(envs.single_action_space.n), args.lr)  # type: ignore[attr-defined]
     shape = (args.rollout, args.envs)
     true_returns: deque[float] = deque(maxlen=20)
-    ep_true = np.zeros(args.envs)
+    trained_returns: deque[float] = deque(maxlen=20)
+    ep_true, ep_trained = np.zeros(args.envs), np.zeros(args.envs)
     vigil = trainvigil.init()
     for update in range(args.steps):
         start = time.perf_counter()
@@ -151,13 +157,16 @@ def main() -> None:
             obs, reward, terminated, truncated, _ = envs.step(action.numpy())
             score = np.where(action.numpy() == 1, 1.0, -1.0)  # the flawed reward model: "right is good"
             scores.append(float(score.mean()))
-            trained = score if faulty and args.fault == "reward_exploit" else reward
+            trained = score if faulty and args.fault in ("reward_exploit", "reward_swap") else reward
             done = terminated | truncated
             buf["rewards"][t], buf["dones"][t] = trained, done
             ep_true += reward
+            ep_trained += trained
             for i in np.flatnonzero(done):
                 true_returns.append(float(ep_true[i]))
+                trained_returns.append(float(ep_trained[i]))
             ep_true[done] = 0.0
+            ep_trained[done] = 0.0
         with torch.no_grad():
             last = learner.critic(torch.as_tensor(obs, dtype=torch.float32)).squeeze(-1).numpy()
         adv, returns = gae(buf["rewards"], buf["values"], buf["dones"], last)
@@ -175,6 +184,8 @@ def main() -> None:
         metrics = dict(stats, lr=lr, step_time=time.perf_counter() - start, samples=args.rollout * args.envs)
         if args.fault == "reward_exploit":
             metrics["reward"] = float(np.mean(scores))
+        elif args.fault == "reward_swap" and trained_returns:
+            metrics["reward"] = float(np.mean(trained_returns))
         elif true_returns:
             metrics["reward"] = float(np.mean(true_returns))
         if true_returns:

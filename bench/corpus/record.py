@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--only", action="append", metavar="NAME", help="this run (repeatable)")
     which.add_argument("--list", action="store_true", help="list the runs and exit")
     p.add_argument("--outdated", action="store_true", help="only runs not recorded yet, or recorded with other flags")
-    p.add_argument("--workload", choices=("ppo", "supervised", "gpt"), help="only this workload's runs")
+    p.add_argument("--workload", choices=("ppo", "supervised", "gpt", "regression"), help="only this workload's runs")
     p.add_argument("--corpus", type=Path, default=CORPUS)
     args = p.parse_args(argv)
     if args.list:

@@ -1,6 +1,6 @@
 """The corpus: which runs to record, what fault each carries, and what should catch it.
 
-Every run is real training (``ppo``, ``supervised``, ``gpt`` in this package) with at most
+Every run is real training (``ppo``, ``supervised``, ``gpt``, ``regression`` in this package) with at most
 one fault. ``expected`` names the detectors that should catch the fault (any of them
 counts) within ``budget_steps`` steps or ``budget_s`` seconds of it (either suffices; the
 budgets are the detectors' latency targets). Some expected detectors are not written yet
@@ -25,7 +25,7 @@ class RunSpec:
 
     name: str
     workload: str
-    """Module of this package that trains: ``ppo``, ``supervised`` or ``gpt``."""
+    """Module of this package that trains: ``ppo``, ``supervised``, ``gpt`` or ``regression``."""
     args: tuple[str, ...] = ()
     fault: str = "none"
     fault_at: int = -1
@@ -75,6 +75,10 @@ SPECS: tuple[RunSpec, ...] = (
          budget_steps=200, persistent=True, essential=True, seed=3,
          note="the fault step is the swap to the flawed reward model; the learner finds the exploit ~100-150 "
          "updates later (the 50-update budget counts from there)"),
+    _ppo("ppo-cartpole-reward-swap", "CartPole-v1", "reward_swap", 700, expected=("reward_hack",), budget_steps=150,
+         persistent=True, seed=8, note="the reward the learner trains on is swapped for a flawed one; the logged "
+         "training reward (mean episode return) changes scale at the swap, then creeps up while the true return "
+         "collapses from ~500 to ~100 some 80 updates after it (and to ~40 later)"),
     _ppo("ppo-cartpole-entropy-collapse", "CartPole-v1", "entropy_collapse", 700, expected=("reward_hack",),
          budget_steps=100, persistent=True, essential=True, seed=4),
     _sup("sup-digits-clean", essential=True),
@@ -104,6 +108,9 @@ SPECS: tuple[RunSpec, ...] = (
     _sup("sup-digits-straggler", "straggler", 2000, expected=("straggler",), budget_s=31.0, ranks=2, fault_rank=1,
          persistent=True, note="two processes of one run; rank 1 is 1.55x slower from the fault on; budget: 2 "
          "windows, sized in steps (10 s at the run's pace), which the slow rank walks in 2 x 15.5 s", seed=4),
+    RunSpec("reg-curve-clean", "regression", ("--steps", "10000"),
+            note="an MSE that converges from ~2 to ~1e-6: near its floor it blips to 5-60x its recent level "
+            "for five steps and more, tiny against the run's scale (healthy: no loss_spike)"),
 )  # fmt: skip
 """Every recording, the essential ones first. Each run of a workload has its own seed, so the
 stretches before the faults are independent clean data, not copies of the clean run."""

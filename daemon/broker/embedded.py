@@ -5,17 +5,28 @@ starts this binary there with JetStream storage under the data directory, restar
 dies (under the one retry policy, :func:`trainvigil.schemas.settings.retrying`) and stops it on
 exit. It runs in its own session, so a Ctrl-C on the terminal reaches
 only the daemon, which drains and acks before it stops the broker.
+
+It never outlives its daemon: on Linux it is started with the parent-death signal set (SIGTERM when the
+daemon dies, SIGKILLed or not; see :func:`with_parent_death`), and it carries marks (:func:`marks`): the
+server name ``vigil-embedded-<hash of the data dir>`` in its INFO and its pid in ``DATA_DIR/nats-server.pid``,
+so a bundled broker left running all the same (by a daemon without that signal) is known for what it is
+(:func:`stop_stray`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any, TypedDict
 
 import anyio
 import structlog
@@ -79,16 +90,105 @@ def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
-def speaks_nats(host: str, port: int, timeout: float = 2.0) -> bool:
-    """Whether what listens on ``host:port`` greets as a NATS server does (``INFO {...}`` at once)."""
+def server_info(host: str, port: int, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The INFO a NATS server on ``host:port`` greets with at once (``INFO {...}``); ``None``: not a NATS server."""
     greeting = b""
     try:
         with socket.create_connection((host, port), timeout=timeout) as conn:
-            while len(greeting) < 5 and (chunk := conn.recv(5 - len(greeting))):
+            while b"\r\n" not in greeting and len(greeting) < 65536 and (chunk := conn.recv(4096)):
                 greeting += chunk
     except OSError:  # refused, reset, or silent past the timeout
-        return False
-    return greeting == b"INFO "
+        return None
+    if not greeting.startswith(b"INFO "):
+        return None
+    try:
+        info = json.loads(greeting[5:].split(b"\r\n", 1)[0])
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+BUNDLED_NAME = "vigil-embedded-"
+"""How the server name of every bundled nats-server begins (:func:`marks`)."""
+STRAY_STOP_S = 10.0
+"""A stray bundled nats-server has this long to stop after SIGTERM, then it is SIGKILLed."""
+
+
+class Marks(TypedDict):
+    """What makes a bundled nats-server known as one, and whose (:func:`server_args`' keywords)."""
+
+    name: str
+    pid_file: Path
+
+
+def marks(data_dir: Path) -> Marks:
+    """The marks of the bundled nats-server of ``data_dir``: its server name and pid file."""
+    digest = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:12]
+    return Marks(name=f"{BUNDLED_NAME}{digest}", pid_file=Path(data_dir) / "nats-server.pid")
+
+
+# Runs in the forked child before nats-server replaces it: PR_SET_PDEATHSIG (1) is kept across execve, so
+# nats-server gets SIGTERM when the daemon's thread that started it ends (with the daemon). A daemon that
+# died between the fork and the prctl is caught by the parent check. Not preexec_fn: the daemon has threads,
+# and Python runs preexec_fn in a child that may deadlock on a lock another thread held at the fork.
+_LAUNCHER = (
+    "import ctypes,os,signal,sys;"
+    "ctypes.CDLL(None).prctl(1,signal.SIGTERM);"
+    "os.getppid()==int(sys.argv[1]) or sys.exit('the daemon that started nats-server is gone');"
+    "os.execv(sys.argv[2],sys.argv[2:])"
+)
+
+
+def with_parent_death(args: list[str]) -> list[str]:
+    """``args`` started so that the process gets SIGTERM when this process dies (Linux; as is elsewhere).
+
+    The signal is tied to the thread that starts it: start it from the thread that lives as long as the
+    daemon (``vigil up`` runs its event loop on the main thread).
+    """
+    if not sys.platform.startswith("linux"):
+        return args
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *args]
+
+
+def _stray_pid(mark: Marks) -> int | None:
+    """The pid in ``mark``'s pid file when it is still that bundled nats-server (a pid may be reused)."""
+    try:
+        pid = int(mark["pid_file"].read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if mark["name"].encode() in cmdline else None
+
+
+async def stop_stray(mark: Marks, host: str, port: int) -> int:
+    """Stop the bundled nats-server of ``mark`` that a previous daemon left running on ``host:port``:
+    SIGTERM, SIGKILL after ``STRAY_STOP_S``; returns its pid once the port is free.
+
+    Raises:
+        BrokerUnavailableError: its pid file is missing or names another process, or the port stays taken.
+    """
+    url = f"nats://{host}:{port}"
+    pid = _stray_pid(mark)
+    if pid is None:
+        raise BrokerUnavailableError(
+            f"{host}:{port} is held by the bundled nats-server ({mark['name']}) of this data dir, left running by a "
+            f"previous `vigil up`, and {mark['pid_file']} does not name it; stop that nats-server, then start again",
+            url=url,
+        )
+    for signum, wait_s in ((signal.SIGTERM, STRAY_STOP_S), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+        # Not a child of this process: nothing to wait on but the port (its own adopter reaps it).
+        with anyio.move_on_after(wait_s):
+            while port_open(host, port):
+                await anyio.sleep(0.05)
+        if not port_open(host, port):
+            return pid
+    raise BrokerUnavailableError(
+        f"{host}:{port} is still held after the stray bundled nats-server (pid {pid}) was killed; free the port "
+        "or pass --embedded-port",
+        url=url,
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,11 +199,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_args(
-    binary: Path, port: int, store_dir: Path, host: str = "127.0.0.1", config_file: Path | None = None
+    binary: Path,
+    port: int,
+    store_dir: Path,
+    host: str = "127.0.0.1",
+    config_file: Path | None = None,
+    *,
+    name: str = "",
+    pid_file: Path | None = None,
 ) -> list[str]:
-    """nats-server's command line: JetStream on ``host:port``; users and TLS from ``config_file`` when given."""
+    """nats-server's command line: JetStream on ``host:port``; users and TLS from ``config_file`` when given;
+    ``name`` and ``pid_file``: the marks of a bundled one (:func:`marks`)."""
     config = ["-c", str(config_file)] if config_file is not None else []
-    return [str(binary), *config, "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
+    named = ["--server_name", name] if name else []
+    pid = ["-P", str(pid_file)] if pid_file is not None else []
+    return [str(binary), *config, *named, *pid, "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
 
 
 def dial_host(host: str) -> str:
@@ -153,14 +263,19 @@ async def supervise(
     host: str = "127.0.0.1",
     config_file: Path | None = None,
     scheme: str = "nats",
+    mark: Marks | None = None,
     restart_wait_s: tuple[float, float] = RESTART_WAIT_S,
     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run nats-server until cancelled, restarting it when it dies; reports its URL once up.
 
+    It gets SIGTERM if this process dies first (:func:`with_parent_death`): call this from the thread that
+    runs as long as the daemon.
+
     Args:
         config_file: users, permissions and TLS (:func:`trainvigil.daemon.broker.bus.embedded_setup`).
         scheme: of the reported URL: ``tls`` when the server requires TLS.
+        mark: the bundled broker's server name and pid file (:func:`marks`).
 
     Raises:
         NatsServerNotFoundError: the binary is not installed.
@@ -179,11 +294,16 @@ async def supervise(
         # After a run that came up, the next start waits the first interval again, not the grown one.
         return isinstance(exc, ServerExitedError) and (first if exc.listened else True)
 
+    args = (
+        server_args(binary, port, store_dir, host, config_file, **mark)
+        if mark
+        else server_args(binary, port, store_dir, host, config_file)
+    )
     async for attempt in retrying(restart, attempts=None, wait_initial=first, wait_max=most):
         with attempt:
             tail = bytearray()
             process = await anyio.open_process(
-                server_args(binary, port, store_dir, host, config_file),
+                with_parent_death(args),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 start_new_session=True,

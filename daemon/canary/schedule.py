@@ -4,6 +4,7 @@
 (``*/30 * * * *``, read in UTC; croniter does the parsing). Each tick takes the next job in turn
 (the configured workloads, then the ``[[canary.jobs]]``) and gives it one fault with probability
 ``fault_probability``, drawn among the kinds it takes that ``faults`` allows; else it runs clean.
+On a shard, a tick's run id is one that shard owns (:func:`owned_id`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from trainvigil.daemon.canary.catalog import Job
 from trainvigil.daemon.config import CanaryConfig, parse_interval
 from trainvigil.schemas.canaries import CLEAN
+from trainvigil.schemas.shards import ShardId
 
 
 class Every:
@@ -58,3 +60,16 @@ def new_id() -> str:
 
 def run_id_of(request_id: str) -> str:
     return f"canary-{request_id}"
+
+
+def owned_id(shard: ShardId | None) -> str:
+    """A new id (:func:`new_id`) whose run ``shard`` owns: the broker routes its records to that shard's
+    stream, so the shard that runs the canary is the one whose detectors judge it (``None``: any id).
+
+    Ids are drawn until one hashes to ``shard`` (``shard.count`` draws on average): the hash is the
+    broker's, so there is no id to compute, only ids to try.
+    """
+    while True:
+        candidate = new_id()
+        if shard is None or shard.owns(run_id_of(candidate)):
+            return candidate

@@ -42,6 +42,7 @@ async def with_daemon(
     answers: Probe = answers_sql,
     *,
     interrupted: str = "interrupted before the work was done",
+    before_start: Callable[[], None] = lambda: None,
 ) -> T:
     """``work`` against the daemon at ``config``'s broker, or against one started here for its duration.
 
@@ -49,6 +50,8 @@ async def with_daemon(
         role: whose credentials connect (``access(config, role)``).
         answers: asks whether a daemon is there; it may raise to say these credentials may not ask.
         interrupted: the error when the daemon started here stops (a signal) before ``work`` ends.
+        before_start: called when none answers, before one is started here: it raises to refuse what
+            that daemon would refuse, while nothing has been created yet.
 
     Raises:
         DaemonUnavailableError: the daemon started here does not answer, or it stopped first.
@@ -59,7 +62,7 @@ async def with_daemon(
 
     from trainvigil.daemon.app import serve
     from trainvigil.daemon.broker.bus import access
-    from trainvigil.daemon.cli.sqlclient import _connect
+    from trainvigil.daemon.cli.sqlclient import _connect, data_dir_note
     from trainvigil.daemon.logs import configure
     from trainvigil.errors import DaemonUnavailableError
     from trainvigil.schemas.redact import redact_url
@@ -69,9 +72,12 @@ async def with_daemon(
     if conn is not None and conn.nc is not None:
         try:
             if await answers(conn, url):
+                if note := await data_dir_note(conn, url, config.data_dir):
+                    _say(note)
                 return await work(conn, url)
         finally:
             await conn.nc.close()
+    before_start()
     _say(f"no daemon answered at {redact_url(url)}")
     local = msgspec.structs.replace(config, http_port=0, nats_url=url if conn is not None else config.nats_url)
     configure(local.log_format, "error")  # what matters is reported here; its log would say it twice

@@ -52,8 +52,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="benchmark optimizers on the built-in workloads; every run monitored and stored (optim_results)",
         description="Train each optimizer on each workload and seed as a real trainvigil run, and again at a higher "
         "LR that the detectors judge; store one optim_results row per (optimizer, workload, seed), print a table "
-        "ranked by final loss and write the loss curves' PNG. Exit 0 done; 2 bad usage (an optimizer that cannot "
-        "be built); 3 no daemon answered and none could be started.",
+        "ranked by final loss and write the loss curves' PNG.",
     )
     p.add_argument("--quick", action="store_true", help=f"short runs ({QUICK_STEPS}) and {QUICK_SEEDS} seeds")
     p.add_argument(

@@ -6,7 +6,9 @@ their verdicts land in its history. The trigger (``vigil.v1.ctl.canary``) starts
 daemon's machine, so with auth on it takes the *daemon's* credentials (``--creds``; on that machine
 ``DATA_DIR/bus/daemon.toml`` is found by itself); a reader's are refused. When no daemon answers,
 ``run`` starts one in this process on ``--data-dir`` (with the bundled broker unless one answers)
-for as long as the canaries take, and says so.
+for as long as the canaries take, and says so. Against a sharded deployment (``vigil up --shard I/N``)
+each canary runs on the shard that owns its run (whichever shard the trigger reaches hands it on), and
+the progress lines ask that shard.
 
 While they run: a line per canary accepted, its step every ``PROGRESS_S`` seconds, each alert
 update on its run, and its verdict; at the end a table (or JSON lines) of the verdicts.
@@ -22,8 +24,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from trainvigil.daemon.cli._exits import EXIT_OK, EXIT_QUERY
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, WORKLOADS
 from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.settings import did_you_mean
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
     from trainvigil.schemas import CanaryResult
     from trainvigil.schemas.canaries import CanaryAccepted, CanaryRequest
 
-EXIT_PASS, EXIT_FAIL = 0, 1
+EXIT_PASS, EXIT_FAIL = EXIT_OK, EXIT_QUERY
 PROGRESS_S = 10.0
 """Seconds between progress lines (and between the checks that the daemon still answers)."""
 SILENT_POLLS = 3
@@ -64,9 +68,9 @@ def add_parser(
         "run",
         help="run one canary (--fault) or every fault kind and a clean twin (--all), then print the verdicts",
         description="Ask the running daemon to run canaries now and print their progress and verdicts; with no "
-        "daemon answering, run one in this process on --data-dir while they last. Exit 0 every canary passed; "
-        "1 one failed, errored or was aborted; 2 bad usage or configuration (an unknown fault or workload, "
-        "credentials the broker refused); 3 the daemon stopped answering, or none could be started.",
+        "daemon answering, run one in this process on --data-dir while they last. The fault kind is checked "
+        "before anything starts, and a canary the daemon started here would refuse (an unknown workload, a fault "
+        "the workload does not take) before it starts.",
     )
     what = run.add_mutually_exclusive_group(required=True)
     what.add_argument("--fault", metavar="KIND", help=f"one of {', '.join(FAULT_KINDS)}, or {CLEAN}: a clean twin")
@@ -83,7 +87,7 @@ def add_parser(
     listing = actions.add_parser(
         "list",
         help="past canaries and their verdicts, newest first",
-        description="Past canaries and their verdicts (canary_results), newest first. Exit codes as vigil sql.",
+        description="Past canaries and their verdicts (canary_results), newest first.",
     )
     listing.add_argument("--last", type=int, default=20, help="how many (default 20)")
     query_args(listing)
@@ -100,6 +104,50 @@ def daemon_args(parser: argparse.ArgumentParser, creds: str) -> None:
 def list_sql(last: int) -> str:
     """The query behind ``vigil canary list``."""
     return f"SELECT {LIST_COLUMNS} FROM canary_results ORDER BY time DESC LIMIT {max(1, int(last))}"
+
+
+def check_fault(fault: str | None) -> None:
+    """``--fault``, before anything starts: a kind of :data:`FAULT_KINDS`, or :data:`CLEAN`.
+
+    Raises:
+        ConfigError: an unknown kind; the message names the closest one.
+    """
+    from trainvigil.errors import ConfigError
+
+    kinds = (*FAULT_KINDS, CLEAN)
+    if fault is not None and fault not in kinds:
+        raise ConfigError(
+            f"unknown fault {fault!r}{did_you_mean(fault, kinds)} (kinds: {', '.join(FAULT_KINDS)}, or {CLEAN}: "
+            "a clean twin)",
+            key="fault",
+        )
+
+
+def check_plans(config: DaemonConfig, asks: list[CanaryRequest]) -> None:
+    """Before a daemon is started here for ``asks``: what it would refuse, refused now (nothing has started).
+
+    ``config`` is that daemon's, so its workloads and ``[[canary.jobs]]`` are the whole set. A daemon
+    that already answers is not checked against: it may run jobs of a configuration this command lacks.
+
+    Raises:
+        ConfigError: an unknown workload (the message names the closest one), a fault it does not take,
+            ``--steps`` for a job with its own command line, a fault step past the run's steps.
+    """
+    from trainvigil.daemon.canary.catalog import CanaryPlanError, jobs, plan
+    from trainvigil.errors import ConfigError
+
+    known = jobs(config.canary)
+    for ask in asks:
+        if ask.workload and ask.workload not in known:
+            raise ConfigError(
+                f"unknown workload {ask.workload!r}{did_you_mean(ask.workload, known)} (workloads: "
+                f"{', '.join(known)}; a [[canary.jobs]] name needs the --config that defines it)",
+                key="workload",
+            )
+        try:
+            plan(config, f"canary-{ask.id}", ask.fault, ask.workload, ask.steps, ask.fault_step)
+        except CanaryPlanError as exc:
+            raise ConfigError(str(exc), key="fault") from None
 
 
 def requests(args: argparse.Namespace, config: DaemonConfig) -> list[CanaryRequest]:
@@ -136,6 +184,8 @@ class _Follower:
         self.accepted: dict[str, CanaryAccepted] = {}
         self.results: dict[str, CanaryResult] = {}
         self.steps: dict[str, int] = {}
+        self.shards: int | None = None
+        """The shard count once the progress question found a sharded deployment (no daemon answers SQL alone)."""
         self.changed = anyio.Event()
 
     async def on_message(self, msg: Any) -> None:
@@ -160,23 +210,57 @@ class _Follower:
         return [run_id for run_id in self.accepted if run_id not in self.results]
 
 
+async def _steps_of(nc: NATS, subject: str, run_ids: list[str]) -> list[list[Any]]:
+    """The last step stored of each of ``run_ids``, asked on ``subject`` (a daemon's or a shard's query subject)."""
+    import msgspec
+
+    from trainvigil.schemas.query import QueryRequest, QueryResult
+
+    ids = ", ".join("'" + run_id.replace("'", "''") + "'" for run_id in run_ids)
+    sql = f"SELECT run_id, max(step) FROM steps WHERE run_id IN ({ids}) GROUP BY run_id"
+    reply = await nc.request(subject, msgspec.msgpack.encode(QueryRequest(sql=sql)), timeout=10)
+    return msgspec.msgpack.decode(reply.data, type=QueryResult).rows
+
+
+async def _last_steps(nc: NATS, follower: _Follower, pending: list[str]) -> list[list[Any]]:
+    """``_steps_of`` the daemon, or, on a sharded deployment, of each run's shard (it alone holds the run)."""
+    import nats.errors
+
+    from trainvigil.daemon.cli.shardsql import roll_call
+    from trainvigil.schemas import QUERY_SUBJECT
+    from trainvigil.schemas.shards import ShardId, shard_of
+
+    if follower.shards is None:
+        try:
+            return await _steps_of(nc, QUERY_SUBJECT, pending)
+        except nats.errors.NoRespondersError:
+            called = await roll_call(nc)
+            if called is None:
+                raise
+            follower.shards = called[0]
+    count = follower.shards
+    owners: dict[int, list[str]] = {}
+    for run_id in pending:
+        owners.setdefault(shard_of(run_id, count), []).append(run_id)
+    rows: list[list[Any]] = []
+    for index, run_ids in owners.items():
+        rows += await _steps_of(nc, ShardId(index, count).query_subject, run_ids)
+    return rows
+
+
 async def _progress(nc: NATS, follower: _Follower) -> bool:
-    """One progress line; ``False`` when the daemon did not answer the question."""
+    """One progress line; ``False`` when the daemon (or a shard holding a pending run) did not answer the question."""
     import msgspec
     import nats.errors
 
-    from trainvigil.schemas import QUERY_SUBJECT
-    from trainvigil.schemas.query import QueryRequest, QueryResult
+    from trainvigil.errors import QueryError
 
     pending = follower.pending
-    ids = ", ".join("'" + run_id.replace("'", "''") + "'" for run_id in pending)
-    sql = f"SELECT run_id, max(step) FROM steps WHERE run_id IN ({ids}) GROUP BY run_id"
     try:
-        reply = await nc.request(QUERY_SUBJECT, msgspec.msgpack.encode(QueryRequest(sql=sql)), timeout=10)
-        answer = msgspec.msgpack.decode(reply.data, type=QueryResult)
-    except (nats.errors.Error, TimeoutError, msgspec.MsgspecError):
+        rows = await _last_steps(nc, follower, pending)
+    except (nats.errors.Error, TimeoutError, msgspec.MsgspecError, QueryError):
         return False
-    follower.steps.update({str(run_id): int(step) for run_id, step in answer.rows})
+    follower.steps.update({str(run_id): int(step) for run_id, step in rows})
     running = [f"{r} step {follower.steps[r]}" for r in pending if r in follower.steps]
     waiting = len(pending) - len(running)
     queued = f", {waiting} queued or starting" if waiting else ""
@@ -276,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
     from trainvigil.daemon import config as config_mod
     from trainvigil.daemon.cli._with_daemon import with_daemon
 
+    check_fault(args.fault)  # before the configuration is even read: a typo needs nothing else to be refused
     overrides = {"data_dir": args.data_dir, "nats_url": args.nats_url, "nats_creds": args.nats_creds}
     cfg = config_mod.load(args.config, overrides)
     asks = requests(args, cfg)
@@ -287,7 +372,16 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = "interrupted before every canary was judged; see vigil canary list"
     results = anyio.run(
-        partial(with_daemon, cfg, "daemon", work, _daemon_answers, interrupted=interrupted), backend="asyncio"
+        partial(
+            with_daemon,
+            cfg,
+            "daemon",
+            work,
+            _daemon_answers,
+            interrupted=interrupted,
+            before_start=partial(check_plans, cfg, asks),
+        ),
+        backend="asyncio",
     )
     sys.stdout.write(report(results, args.format))
     passed = sum(r.verdict == "pass" for r in results)

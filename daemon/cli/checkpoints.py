@@ -73,7 +73,7 @@ def add_parser(
         description="The checkpoint registry: every checkpoint the daemon has seen saved or loaded "
         "(trainvigil.checkpoint.save/load), oldest first, with its digest, what its loads proved (a load "
         "verified against the manifest, or FAILED) and its lineage (the save a load came from, found by "
-        "digest; the runs that resumed from a save). Exit codes as vigil sql.",
+        "digest; the runs that resumed from a save).",
     )
     checkpoints.add_argument("run", nargs="?", help="only this run's checkpoints")
     query_args(checkpoints)

@@ -1,15 +1,10 @@
 """The ``vigil`` command line.
 
-Exit codes: 0 success; 1 the query was refused or failed, ``vigil export`` could not write its file,
-``vigil push`` left files undelivered, or a canary of ``vigil canary run`` did not pass;
-2 bad usage or configuration (a value out of range, a malformed URL, a data directory that cannot be
-used or that another daemon holds, a port that another program holds); 3 something needed is not
-there: the daemon's packages, a broker within ``connect_timeout_s`` (or, for ``vigil push``, at all),
-or a daemon or data directory to answer a query; 4 ``vigil sql`` (``runs``, ``alerts``) printed an answer
-that a row limit or byte budget cut short (stderr says which; ``vigil export`` gets every row of a run);
-5 ``vigil sql`` (``runs``) across shards printed an answer without the runs of a shard that did not answer
-(stderr names it).
-Every failure is one line on stderr, ``vigil: ...``, saying what to do next.
+Exit codes: each command's are in one table, ``daemon/cli/_exits.py``, which ends every ``--help`` and the
+docs' CLI reference.
+
+Every failure is one line on stderr, ``vigil: ...``, saying what to do next; a mistyped flag or value is
+refused before anything starts, with the closest valid one.
 """
 
 from __future__ import annotations
@@ -25,7 +20,9 @@ from typing import TYPE_CHECKING
 
 from trainvigil._version import __version__
 from trainvigil.agents import verify
-from trainvigil.daemon.cli import checkpoints, shards
+from trainvigil.daemon.cli import _exits, checkpoints, shards
+from trainvigil.daemon.cli._exits import EXIT_OK, EXIT_PARTIAL, EXIT_QUERY, EXIT_TRUNCATED, EXIT_UNAVAILABLE, EXIT_USAGE
+from trainvigil.daemon.cli._parser import Parser
 from trainvigil.daemon.formatting import terminal_safe
 from trainvigil.schemas.redact import redact_url
 
@@ -37,7 +34,6 @@ if TYPE_CHECKING:
     from trainvigil.schemas.credentials import BusAccess
     from trainvigil.schemas.query import QueryResult
 
-EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED, EXIT_PARTIAL = 0, 1, 2, 3, 4, 5
 PUSH_PROGRESS_S = 5.0
 """``vigil push`` says how far a file got at most this often while it goes."""
 
@@ -63,7 +59,7 @@ moment its loss was found, and which run it belonged to is unknowable."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="vigil", description="trainvigil: observability for ML training (agents -> NATS -> DuckDB)."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -73,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
         "up",
         help="run the daemon (sidecar): embedded nats-server unless --nats, data in --data-dir",
         description="Run the daemon until SIGTERM/SIGINT. Without --nats it uses 127.0.0.1:4222 if a broker "
-        "answers there, else starts the bundled nats-server with JetStream storage under DATA_DIR.",
+        "answers there, else starts the bundled nats-server with JetStream storage under DATA_DIR. It serves the "
+        "web view (runs, their curves, alerts) at http://127.0.0.1:9464/, Prometheus metrics at /metrics and a "
+        "health check at /healthz on the same port: --http-host and --http-port move them, --http-port 0 turns "
+        "them off.",
     )
     up.add_argument("--data-dir", help="where vigil.duckdb lives (default ./vigil-data, VIGIL_DATA_DIR)")
     up.add_argument(
@@ -94,8 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 4222, VIGIL_EMBEDDED_PORT)",
     )
     up.add_argument("--config", help="TOML configuration file")
-    up.add_argument("--http-host", help="address of /healthz and /metrics (default 127.0.0.1)")
-    up.add_argument("--http-port", type=int, help="port of /healthz and /metrics (default 9464, 0 = off)")
+    up.add_argument(
+        "--http-host", help="address of the web view (/), /metrics and /healthz (default 127.0.0.1, VIGIL_HTTP_HOST)"
+    )
+    up.add_argument(
+        "--http-port",
+        type=int,
+        help="port of the web view (/), /metrics and /healthz (default 9464, 0 = off, VIGIL_HTTP_PORT)",
+    )
     up.add_argument("--drain", action="store_true", help="exit once every message in the stream is stored")
     up.add_argument(
         "--embedded-host",
@@ -164,10 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="deliver the spill files of runs that ended (or were killed) without a broker",
         description="Publish the spill files that agents kept when no broker took their data (see the docs' "
         "'Offline runs' guide), and the spill files of agents that were killed, oldest first, each message with its "
-        "original Nats-Msg-Id; a file is removed once JetStream acknowledged all of it. Exit 0 when everything "
-        "was delivered (or there was nothing), 1 when "
-        "some files were not (they stay), 2 when the path is wrong or names the spill file of a running agent, "
-        "3 when no broker answered. Needs only the agent install.",
+        "original Nats-Msg-Id; a file is removed once JetStream acknowledged all of it. Needs only the agent "
+        "install.",
     )
     push.add_argument(
         "dir",
@@ -213,8 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write every row of one run's table, however many, past the query row limit and byte "
         "budget: read from the running daemon a page at a time (or the data directory's file if none runs). "
         "CSV goes to stdout unless -o; -o FILE is written to a temp file and renamed once complete. "
-        "Progress on stderr. Exit 0 written; 1 a page failed or the file could not be written (-o FILE is "
-        "left as it was); 2 no such run, or bad usage; 3 no daemon and no data.",
+        "Progress on stderr.",
     )
     export.add_argument("run", help="the run id (see `vigil runs`)")
     export.add_argument("--table", choices=list(TABLES), default="steps", help="default: steps")
@@ -233,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     plot.add_parser(sub)
     bench_optim.add_parser(sub)
+    _exits.add_to_help(parser)
     return parser
 
 

@@ -8,11 +8,14 @@ matplotlib comes with the ``plot`` extra.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trainvigil.daemon.cli._exits import EXIT_UNAVAILABLE
 
 if TYPE_CHECKING:
     from trainvigil.daemon.config import DaemonConfig
@@ -21,7 +24,6 @@ if TYPE_CHECKING:
 
 Ask = Callable[[str], "QueryResult"]
 SEVERITY_COLOURS = {"page": "#d62728", "warn": "#f28e2b"}
-EXIT_UNAVAILABLE = 3
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,9 +60,11 @@ def gather(ask: Ask, run_id: str, metrics: Sequence[str], ranks: Sequence[int]) 
 
     Raises:
         UnknownRunError: the run is not in the history.
+        ConfigError: a metric asked for is not one the run logged.
     """
     from trainvigil.daemon.cli.export import UnknownRunError
     from trainvigil.daemon.web import sql
+    from trainvigil.errors import ConfigError
     from trainvigil.schemas import KNOWN_METRICS
 
     info = _records(ask(sql.run_info(run_id)))
@@ -68,6 +72,9 @@ def gather(ask: Ask, run_id: str, metrics: Sequence[str], ranks: Sequence[int]) 
         raise UnknownRunError(f"no run {run_id!r} in the history; list them with: vigil runs")
     logged = [m for m in KNOWN_METRICS if info[0][m]] + list(info[0]["custom"] or [])
     chosen = list(metrics) or logged
+    missing = [m for m in chosen if m not in logged]
+    if missing:
+        raise ConfigError(unknown_metrics(run_id, missing, logged), key="metrics")
     n = sql.bucket_count(len(ranks) or len(info[0]["ranks"] or [0]))
     series = {m: sql.points(ask(sql.run_series(run_id, m, ranks, None, None, n)).rows) for m in chosen}
     return {
@@ -76,6 +83,20 @@ def gather(ask: Ask, run_id: str, metrics: Sequence[str], ranks: Sequence[int]) 
         "events": _records(ask(sql.events(run_id))),
         "status": info[0]["status"],
     }
+
+
+def unknown_metrics(run_id: str, missing: Sequence[str], logged: Sequence[str]) -> str:
+    """The one-line error for ``--metrics`` naming metrics the run did not log: each with the closest the run
+    has, then all of them (an empty panel would say nothing about a typo)."""
+    from trainvigil.schemas import KNOWN_METRICS
+
+    known = [m for m in logged if m in KNOWN_METRICS]
+    named = []
+    for metric in missing:
+        # A typo of a known metric first: a run that logged ``grad_nrom`` too still gets ``grad_norm`` for ``grad_nrm``.
+        close = difflib.get_close_matches(metric, known, n=1) or difflib.get_close_matches(metric, logged, n=1)
+        named.append(f"{metric!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"--metrics: run {run_id!r} logged no metric {', '.join(named)}; its metrics: {', '.join(logged) or 'none'}"
 
 
 def draw(run_id: str, data: dict[str, Any], output: Path) -> int:

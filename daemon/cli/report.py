@@ -168,7 +168,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="The health report over a window: canaries run/passed/failed/errored and the health rate; per "
         "fault kind recall and median and worst latency; per detector the alert episodes on real runs by severity; "
         "real runs total/healthy/degraded/ended with error; alert categories. Asked of the running daemon, else read "
-        "from the data directory's file. Exit 0 ok; 1 a query failed; 2 bad usage (--since); 3 no daemon and no data.",
+        "from the data directory's file.",
     )
     report.add_argument("--since", default="24h", help="the window, back from now: 30m, 24h, 7d (default 24h)")
     report.add_argument("--format", choices=["table", "json"], default="table", help="how the report is printed")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +28,7 @@ from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, va
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import retrying
 from trainvigil.schemas.shards import ShardId
+from trainvigil.schemas.terminal import terminal_safe
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
 BUSY_PATIENCE_S = 30.0
@@ -129,6 +131,25 @@ async def _ask(
     finally:
         await sub.unsubscribe()
     return join_results(parts)
+
+
+async def data_dir_note(conn: _Connection, url: str, data_dir: str | Path) -> str:
+    """One line when the unsharded daemon that answers on ``conn`` serves another data dir than ``data_dir``
+    and ``data_dir`` holds a history of its own (the one the user may have meant); else ``""``."""
+    from trainvigil.daemon.broker.holders import unsharded_holder
+
+    asked = Path(data_dir).resolve()
+    if conn.nc is None or not (asked / "vigil.duckdb").exists():
+        return ""
+    holder = await unsharded_holder(conn.nc)
+    if holder is None or (holder.data_dir == str(asked) and holder.host == socket.gethostname()):
+        return ""
+    # What another process on the bus says about itself: made safe to print.
+    return terminal_safe(
+        f"answered by the daemon at {redact_url(url)} (data dir {holder.data_dir} on {holder.host}), not from "
+        f"{asked}: while a daemon answers on the broker, --data-dir is not read; to read {asked}, ask its own "
+        "daemon (--nats URL) or stop this one"
+    )
 
 
 async def ask_daemon(
@@ -272,6 +293,8 @@ class QuerySource:
             )
         elif not self._shards:
             self.where = f"daemon at {redact_url(self.nats_url)}"
+            if first and (note := self._runner.run(data_dir_note(self._conn, self.nats_url, self.path.parent))):
+                print(f"vigil: {note}", file=sys.stderr, flush=True)
         return result
 
     async def _ask_shards(self, conn: _Connection, request: QueryRequest) -> QueryResult | None:

@@ -194,17 +194,27 @@ class Generalisation(StreamDetector[_Stream]):
         return NONE, ""
 
     def _message(self, state: _Stream, step: int, value: float, why: str) -> str:
-        meds = list(state.train_meds)
-        previous = state.evals[-2][1]
-        train = f"the training loss (median per evaluation interval) went {meds[-2]:.4g} -> {meds[-1]:.4g}"
+        s = self.settings
+        # Both curves over the span judged: the last interval for a sudden rise, the rises for a drift.
+        back = s.rises + 1 if why == "drift" else 2
+        meds = list(state.train_meds)[-back:]
+        from_step, from_value = state.evals[-back]
+        train = meds[-1] / meds[0] if meds[0] > 0 else 1.0
+        moved = "fell" if train < 1 - s.tolerance else ("rose" if train > 1 + s.tolerance else "stayed level")
         head = (
-            f"validation loss {previous:.4g} -> {value:.4g} at step {step}, {value / state.best:.2f}x its best "
-            f"{state.best:.4g} (step {state.best_step}), while {train}"
+            f"validation loss rose {from_value:.4g} -> {value:.4g} over steps {from_step} -> {step}, "
+            f"{value / state.best:.2f}x its best {state.best:.4g} (step {state.best_step}), while the training loss "
+            f"(median per evaluation interval) {moved} {meds[0]:.4g} -> {meds[-1]:.4g} over the same steps"
         )
-        if why == "collapse" or (why == "sudden" and meds[-1] > 0 and meds[-2] / meds[-1] >= self.settings.collapse):
+        if why == "collapse" or (why == "sudden" and meds[-1] > 0 and meds[-2] / meds[-1] >= s.collapse):
             advice = (
                 "the model is memorising: the same batch repeated, duplicated or leaked data, a loader stuck on "
                 "one shard; check the data pipeline since the last evaluation"
+            )
+        elif why == "sudden" and moved == "fell":
+            advice = (
+                "the model is memorising its training data (overfitting at once): it fits what it trains on better "
+                "and generalises worse; check the data the last interval trained on (repeated or leaked batches)"
             )
         elif why == "sudden":
             advice = "the model stopped generalising at once: check the data the last interval trained on"

@@ -9,6 +9,16 @@
 - divergence: loss ≥ ``divergence_ratio`` x the largest of the first ``early_steps`` losses
   and ≥ ``divergence_upper`` x the window's 90th percentile → page.
 
+The transient and persistent rules also need the loss to have risen above the level it is
+judged against by at least ``min_rise`` x the run's own scale (the largest of its first
+``early_steps`` losses, what the model cost before it learnt anything). Both rules are relative,
+and a loss near its floor moves by large factors for no reason: a curve fit whose MSE fell
+from ~2 to ~1e-5 (the corpus's ``reg-curve-clean``) blips to 5-60x its rolling level for five
+steps and more (Adam near a minimum), paging six times on relative size alone; those blips rise
+by 1.4e-3 of the run's scale at most, while the faults the corpus holds rise by 0.3 (an LR x30
+on a GPT) to thousands (a poisoned batch at a loss of ~1e-5) of it. The default (1e-2) sits
+between, with room on both sides.
+
 Recovered means recovered: once ``cooldown`` steps pass without a flag, the episode clears only
 if the median of the last ``cooldown`` losses is back within ``recover_ratio`` x the level the
 loss had when the episode opened. A run that settles clearly worse stays open, says so once
@@ -64,6 +74,10 @@ class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tru
     judged against the upper one."""
     divergence_upper: float = 3.0
     """Divergence also needs the loss at >= this x the window's upper level (its p90)."""
+    min_rise: float = 0.01
+    """The transient and persistent rules also need the loss this share of the run's scale (its largest early
+    loss) above the level it is judged against: a relative jump of a loss near its floor is not an incident
+    (a converged MSE's healthy blips reach 1.4e-3 of it; the corpus's faults 0.3 and more)."""
     cooldown: int = 50
     """Steps with no flag before an episode may clear."""
     recover_ratio: float = 1.3
@@ -178,7 +192,10 @@ class LossSpike(MetricDetector[_Stream]):
             # Only a loss that lives on several levels (its p90 >= ``multi_level`` x its median) is
             # judged against its upper level; a unimodal one keeps its median (p90 within ~10%).
             high = np.where(upper >= cfg.multi_level * level, upper, level)
-            elevated = v.value >= cfg.persistent_ratio * high
+            # The least rise that counts, from the run's own scale: near its floor a loss's relative
+            # moves are large and harmless (a negative or absent early loss sets no floor).
+            rise = cfg.min_rise * np.maximum(early, 0.0)
+            elevated = (v.value >= cfg.persistent_ratio * high) & (v.value - high >= rise)
             run = consecutive(elevated, state.elevated)
             state.elevated = int(run[-1])
             # In RL the loss level follows the return (the value loss scales with it), so a level
@@ -193,7 +210,9 @@ class LossSpike(MetricDetector[_Stream]):
                 & (state.seen > cfg.early_steps)
                 & (not state.rl)
             )
-            transient = (scored.z > cfg.transient_z) & (v.value >= cfg.transient_min_ratio * level)
+            transient = (
+                (scored.z > cfg.transient_z) & (v.value >= cfg.transient_min_ratio * level) & (v.value - level >= rise)
+            )
         severity = np.where(persistent | diverged, PAGE, np.where(transient, WARN, 0))
         flagged = np.flatnonzero(severity)
         if len(flagged) and not self.episodes.is_open(key):
@@ -216,7 +235,7 @@ class LossSpike(MetricDetector[_Stream]):
                 return Finding(
                     value,
                     float(high[i]),
-                    cfg.persistent_ratio * float(high[i]),
+                    max(cfg.persistent_ratio * float(high[i]), float(high[i] + rise[i])),
                     f"loss has stayed >= {cfg.persistent_ratio:g}x its rolling level {high[i]:.4g} for "
                     f"{int(run[i])} steps (step {step}): look for a data shift or an LR schedule jump; "
                     "consider rolling back to the last good checkpoint",
@@ -224,7 +243,7 @@ class LossSpike(MetricDetector[_Stream]):
             return Finding(
                 value,
                 float(level[i]),
-                float(level[i] * np.exp(cfg.transient_z * scored.scale[i])),
+                max(float(level[i] * np.exp(cfg.transient_z * scored.scale[i])), float(level[i] + rise[i])),
                 f"loss {value:.4g} spiked to {value / level[i]:.1f}x its rolling median at step {step} "
                 f"(robust z {scored.z[i]:.1f}): check that batch for corrupt or outlier samples",
             )

@@ -3,11 +3,16 @@
 Judged every ``every`` reward steps over the last ``recent`` steps, against the run's early
 values (its first ``early`` steps) or its own recent past (the ``reference`` reward steps
 before the last ``short``):
-- true return falls: when the run logs a held-out return next to its training reward
+- true return collapses: when the run logs a held-out return next to its training reward
   (``true_return``, ``eval_return``, ``eval_reward``, or the name it declares with
-  ``trainvigil.init(config={"eval_metric": ...})``), its mean over the last ``short`` steps fell
-  below ``(1 - eval_drop)`` x its reference median while the training reward rose above its
-  own: the policy found what the training reward pays for and the task does not;
+  ``trainvigil.init(config={"eval_metric": ...})``), its median over the last ``short`` steps fell
+  below ``(1 - eval_drop)`` x its reference median while the training reward rose, or below
+  ``eval_collapse`` x it whatever the training reward did (not after an lr jump: that is
+  kl_explode's page). A rising training reward is the textbook exploit, but a swapped or rescaled
+  reward function moves the reference it is judged against, so the training reward can look level
+  or falling while the policy exploits it; the page says which it was. The deeper bar is for
+  healthy PPO, whose return routinely halves for a few dozen updates and comes back. The episode
+  stays open until the held-out return is back above ``(1 - eval_drop)`` x the level it fell from;
 - entropy collapse, fast: entropy's median over the last ``short`` steps fell below
   ``entropy_drop`` x its reference median while the logged ``lr`` stayed above ``lr_kept``
   x its reference (an annealed LR narrows the policy by design) and the reward did not fall;
@@ -58,7 +63,11 @@ class RewardHackSettings(DetectorSettings, frozen=True, forbid_unknown_fields=Tr
     reference: int = 80
     """... the reward steps before the last ``short`` that give the reference medians."""
     eval_drop: float = 0.5
-    """A held-out return down by half: a third was routine for CartPole (the score drifts with the policy)."""
+    """A held-out return down by half while the training reward rose: a third was routine for CartPole (the score
+    drifts with the policy)."""
+    eval_collapse: float = 0.35
+    """A held-out return below this x its reference pages whatever the training reward did (healthy real PPO
+    runs dipped to 0.32x for one evaluation at most, and to 0.5x for several)."""
     entropy_drop: float = 0.5
     """Fast entropy collapse: entropy's recent median below this x its reference median."""
     lr_kept: float = 0.5
@@ -110,7 +119,7 @@ def _early_stats(early: dict[str, np.ndarray]) -> _Early:
 
 
 class _Stream:
-    __slots__ = ("early", "early_parts", "held", "lr", "seen", "since", "tail", "watermark")
+    __slots__ = ("early", "early_parts", "eval_now", "fell_from", "held", "lr", "seen", "since", "tail", "watermark")
 
     def __init__(self, cfg: RewardHackSettings) -> None:
         self.watermark = -(2**63)
@@ -123,6 +132,10 @@ class _Stream:
         self.held: deque[str] = deque(maxlen=cfg.of)
         self.lr = float("nan")
         """The latest lr logged (on any step): it is carried to the reward steps that follow."""
+        self.fell_from = float("nan")
+        """The held-out return's level before its collapse was paged (NaN: no collapse open)."""
+        self.eval_now = float("nan")
+        """The held-out return's median over the last ``short`` steps at the latest evaluation point."""
 
 
 class _Windows:
@@ -156,6 +169,7 @@ class RewardHack(StreamDetector[_Stream]):
 
     def __init__(self, settings: RewardHackSettings) -> None:
         super().__init__(settings)
+        self.episodes.unrecovered = self._unrecovered
         self._eval_names = Declared("eval_metric", a_name)
 
     def new_state(self) -> _Stream:
@@ -163,6 +177,18 @@ class RewardHack(StreamDetector[_Stream]):
 
     def forget_run(self, run_id: str) -> None:
         self._eval_names.forget(run_id)
+
+    def _unrecovered(self, key: StreamKey, at: int) -> str:
+        """A collapsed held-out return keeps its episode open until it is back near the level it fell from:
+        once the reference window has slid past the collapse no rule flags it, yet the policy is still broken."""
+        state = self._streams.get(key)
+        if state is None or not np.isfinite(state.fell_from):
+            return ""
+        keep = (1 - self.settings.eval_drop) * state.fell_from
+        if not np.isfinite(state.eval_now) or state.eval_now < keep:
+            return f"held-out return still {state.eval_now:.4g}, below {keep:.4g} (it fell from {state.fell_from:.4g})"
+        state.fell_from = float("nan")  # recovered: the episode clears now
+        return ""
 
     def __call__(self, batch: IngestBatch) -> list[Anomaly]:
         self._eval_names.note(batch)
@@ -217,10 +243,15 @@ class RewardHack(StreamDetector[_Stream]):
         out: list[Anomaly] = []
         for j, point in enumerate(points):
             step, time = int(s.step[rows[point]]), float(s.time[rows[point]])
+            end = int(ends[j]) + 1
+            state.eval_now = _median(full["eval"][end - cfg.short : end], cfg.short)
             rule = rules[j][0]
             state.held.append(rule)
             if rule and sum(1 for r in state.held if r == rule) >= cfg.hold:
-                out.extend(self.episodes.flag(key, step, PAGE, time, rules[j][1](step), step=step))
+                finding = rules[j][1](step)
+                if rule == "eval" and not np.isfinite(state.fell_from):
+                    state.fell_from = float(finding.baseline if finding.baseline is not None else np.nan)
+                out.extend(self.episodes.flag(key, step, PAGE, time, finding, step=step))
             else:
                 out.extend(self.episodes.quiet(key, step, time))
         return out
@@ -280,11 +311,10 @@ class RewardHack(StreamDetector[_Stream]):
             return None
         out = {}
         for name in ("reward", "entropy", "lr", "eval"):
-            now = w.full[name][end - cfg.short : end]
-            ref = w.full[name][end - cfg.short - cfg.reference : end - cfg.short]
-            ok_now, ok_ref = now[np.isfinite(now)], ref[np.isfinite(ref)]
-            if len(ok_now) * 2 >= cfg.short and len(ok_ref) * 2 >= cfg.reference:
-                out[name] = (float(np.median(ok_now)), float(np.median(ok_ref)))
+            now = _median(w.full[name][end - cfg.short : end], cfg.short)
+            ref = _median(w.full[name][end - cfg.short - cfg.reference : end - cfg.short], cfg.reference)
+            if np.isfinite(now) and np.isfinite(ref):
+                out[name] = (now, ref)
         return out if "reward" in out else None
 
     def _against_past(
@@ -294,10 +324,11 @@ class RewardHack(StreamDetector[_Stream]):
         (not after an lr jump: a policy blown up by its LR collapses too, and that is kl_explode's page)."""
         cfg = self.settings
         reward_now, reward_ref = past["reward"]
-        if "eval" in past:
+        if "eval" in past and not _lr_jumped(past, early_lr):
             eval_now, eval_ref = past["eval"]
-            rose = reward_now > reward_ref + 0.1 * abs(reward_ref) + 1e-12
-            if rose and eval_ref > 0 and eval_now < (1 - cfg.eval_drop) * eval_ref:
+            rose = _direction(reward_now, reward_ref) == "rose"
+            bar = (1 - cfg.eval_drop) if rose else cfg.eval_collapse
+            if eval_ref > 0 and eval_now < bar * eval_ref:
                 return "eval", partial(self._eval_finding, eval_now, eval_ref, reward_now, reward_ref)
         if "entropy" in past and reward_now >= reward_ref:
             entropy_now, entropy_ref = past["entropy"]
@@ -309,14 +340,23 @@ class RewardHack(StreamDetector[_Stream]):
 
     def _eval_finding(self, now: float, ref: float, reward_now: float, reward_ref: float, step: int) -> Finding:
         cfg = self.settings
+        moved = _direction(reward_now, reward_ref)
+        bar = (1 - cfg.eval_drop) if moved == "rose" else cfg.eval_collapse
+        if moved == "rose":
+            why = "the policy is exploiting what the training reward pays for"
+        else:
+            why = (
+                "the policy is getting worse at the task and the training reward is no guide to it: the reward "
+                "function changed (a swapped or rescaled reward model), the policy exploits it, or it collapsed"
+            )
         return Finding(
             now,
             ref,
-            (1 - cfg.eval_drop) * ref,
-            f"the held-out return fell {ref:.4g} -> {now:.4g} (median of the last {cfg.short} updates against the "
-            f"{cfg.reference} before) while the training reward rose {reward_ref:.4g} -> {reward_now:.4g} (step "
-            f"{step}): the policy is exploiting what the training reward pays for; inspect episodes, fix the reward "
-            "and resume from a checkpoint before the divergence",
+            bar * ref,
+            f"the held-out return collapsed {ref:.4g} -> {now:.4g} ({now / ref:.2f}x; median of the last {cfg.short} "
+            f"updates against the {cfg.reference} before) while the training reward {moved} {reward_ref:.4g} -> "
+            f"{reward_now:.4g} (step {step}): {why}; inspect episodes, fix the reward and resume from a checkpoint "
+            "before the collapse",
         )
 
     def _entropy_fast_finding(self, now: float, ref: float, lr_now: float, lr_ref: float, step: int) -> Finding:
@@ -384,6 +424,22 @@ def _lr_jumped(past: dict[str, tuple[float, float]] | None, early: float, factor
         return False
     now, ref = past["lr"]
     return (ref > 0 and now >= factor * ref) or (early > 0 and now >= factor * early)
+
+
+def _median(x: np.ndarray, size: int) -> float:
+    """Median of the finite values of a window of ``size`` steps; NaN when fewer than half are finite."""
+    finite = x[np.isfinite(x)]
+    return float(np.median(finite)) if len(finite) * 2 >= size else float("nan")
+
+
+def _direction(now: float, ref: float) -> str:
+    """How a median moved against its reference: "rose" / "fell" by more than 10 % of it, else "stayed level"."""
+    margin = 0.1 * abs(ref) + 1e-12
+    if now > ref + margin:
+        return "rose"
+    if now < ref - margin:
+        return "fell"
+    return "stayed level"
 
 
 def _no_finding(step: int) -> Finding:

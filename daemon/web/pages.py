@@ -16,6 +16,14 @@ from trainvigil._version import __version__
 _X_AXIS = """<label>x axis <select id="xaxis"><option value="step">step</option>
 <option value="time">wall time</option></select></label>"""
 """The step / wall-time toggle of the Run and Compare pages (``vigil.js`` reads ``?x=time``)."""
+_EVENT_LANE = """<div id="event-lane" class="lane" hidden><span class="muted">events</span>
+<span class="lo muted"></span><div class="track"></div><span class="hi muted"></span><div class="tip"></div></div>"""
+"""The Run page's events, a tick each along the run's steps, above the charts (``vigil.js`` draws them)."""
+_EVENTS_PAGER = """<div id="events-pager" class="pager" hidden><button id="events-newest">&laquo; newest</button>
+<button id="events-newer">&lsaquo; newer</button><span class="muted"></span>
+<button id="events-older">older &rsaquo;</button>
+<button id="events-oldest">oldest &raquo;</button></div>"""
+"""The Run page's events table goes a page at a time, newest first: a long run logs thousands."""
 _NAV = (("runs", "/", "Runs"), ("compare", "/compare", "Compare"), ("alerts", "/alerts", "Alerts"))
 
 
@@ -56,10 +64,10 @@ async def run_page(request: Request) -> HTMLResponse:
 {_X_AXIS}<button id="reset">reset zoom</button><span class="muted">drag on a chart to zoom</span></div>
 <div class="controls"><input id="metric-filter" type="search" placeholder="filter metrics by name">
 <span id="metric-count" class="muted"></span></div>
-<div id="charts" class="charts"></div>
+{_EVENT_LANE}<div id="charts" class="charts"></div>
 <h2>Alerts</h2><table id="anomalies" class="grid"><thead><tr><th>time</th><th>rank</th><th>step</th>
 <th>detector</th><th>severity</th><th>state</th><th>message</th></tr></thead><tbody></tbody></table>
-<h2>Events</h2><table id="events" class="grid"><thead><tr><th>step</th><th>rank</th><th>kind</th>
+<h2>Events</h2>{_EVENTS_PAGER}<table id="events" class="grid"><thead><tr><th>step</th><th>rank</th><th>kind</th>
 <th>detail</th></tr></thead><tbody></tbody></table>"""
     return HTMLResponse(render("run", run_id or "Run", body))
 

@@ -22,6 +22,7 @@ MAX_ROWS = QUERY_ROW_LIMIT
 _CHRONO = "coalesce(updated_at, time)"
 _steps = msgspec.json.Decoder(list[int]).decode
 _values = msgspec.json.Decoder(list[float]).decode
+_kinds = msgspec.json.Decoder(list[str]).decode
 
 
 def literal(text: str) -> str:
@@ -77,10 +78,10 @@ WHERE r.run_id = {run}"""
 
 def _bucketed(where: str, key: str, metrics: Sequence[str], lo: int | None, hi: int | None, n: int) -> str:
     """Min/max buckets of each of ``metrics`` over steps ``lo..hi`` (all when ``None``), a series per metric
-    and ``key`` expression: one row per series, ``metric, key, x, y, t`` (see :func:`buckets`).
+    and ``key`` expression: one row per series, ``metric, key, x, y, t, nx, nv, nt`` (see :func:`buckets`).
 
     Several metrics are read in one scan of the run's rows (their values unnested side by side), and
-    each metric's buckets span the steps where it has values."""
+    each metric's buckets span the steps where it has values, finite or not."""
     bounds = "".join(f" AND step {op} {int(v)}" for op, v in ((">=", lo), ("<=", hi)) if v is not None)
     if len(metrics) == 1:
         values = f"{literal(metrics[0])} AS metric, {metric_expr(metrics[0])} AS v"
@@ -88,25 +89,48 @@ def _bucketed(where: str, key: str, metrics: Sequence[str], lo: int | None, hi: 
         names = ", ".join(literal(m) for m in metrics)
         values = f"unnest([{names}]) AS metric, unnest([{', '.join(metric_expr(m) for m in metrics)}]) AS v"
     order = "ORDER BY bucket, s, v, t"  # the same total order in all three lists
+    finite = "FILTER (WHERE isfinite(a.v))"
+    # NaN and ±Inf have no place on a y axis and no JSON number: each bucket gives the first step of each
+    # kind it holds, named, so a chart marks where a metric went non-finite (however long it stays so).
+    # Found in the same pass as the buckets' extremes: a second scan of a long run costs as much again.
+    kinds = (("nan", "isnan(a.v)"), ("+inf", "a.v = 'inf'::DOUBLE"), ("-inf", "a.v = '-inf'::DOUBLE"))
+    firsts = "".join(
+        f",\n        min(a.step) FILTER (WHERE {test}) AS s_{i}, arg_min(a.t, a.step) FILTER (WHERE {test}) AS t_{i}"
+        for i, (_, test) in enumerate(kinds)
+    )
+    odd = "\n    UNION ALL\n".join(
+        f"    SELECT metric, key, s_{i} AS s, {literal(kind)} AS kind, t_{i} AS t FROM b WHERE s_{i} IS NOT NULL"
+        for i, (kind, _) in enumerate(kinds)
+    )
     return f"""
 WITH f AS (
     SELECT metric, key, step, epoch(time) AS t, v FROM (SELECT {key} AS key, step, time, {values}
-        FROM steps WHERE {where}{bounds}) WHERE v IS NOT NULL AND isfinite(v)
+        FROM steps WHERE {where}{bounds}) WHERE v IS NOT NULL
 ), r AS (SELECT metric, min(step) AS lo, max(step) AS hi FROM f GROUP BY metric),
 b AS (
-    SELECT f.metric, f.key, floor((f.step - r.lo) * {int(n)}.0 / (r.hi - r.lo + 1))::BIGINT AS bucket,
-        arg_min(f.step, f.v) AS s_min, min(f.v) AS v_min, arg_max(f.step, f.v) AS s_max, max(f.v) AS v_max,
-        arg_min(f.t, f.v) AS t_min, arg_max(f.t, f.v) AS t_max
-    FROM f JOIN r USING (metric) GROUP BY ALL
+    SELECT a.metric, a.key, floor((a.step - r.lo) * {int(n)}.0 / (r.hi - r.lo + 1))::BIGINT AS bucket,
+        arg_min(a.step, a.v) {finite} AS s_min, min(a.v) {finite} AS v_min,
+        arg_max(a.step, a.v) {finite} AS s_max, max(a.v) {finite} AS v_max,
+        arg_min(a.t, a.v) {finite} AS t_min, arg_max(a.t, a.v) {finite} AS t_max{firsts}
+    FROM f AS a JOIN r USING (metric) GROUP BY ALL
 ), p AS (
-    SELECT metric, key, bucket, s_min AS s, v_min AS v, t_min AS t FROM b
+    SELECT metric, key, bucket, s_min AS s, v_min AS v, t_min AS t FROM b WHERE s_min IS NOT NULL
     UNION ALL
     SELECT metric, key, bucket, s_max, v_max, t_max FROM b
     WHERE s_max <> s_min OR v_max <> v_min OR t_max IS DISTINCT FROM t_min
+), finite AS (
+    SELECT metric, key, to_json(list(s {order}))::VARCHAR AS x, to_json(list(v {order}))::VARCHAR AS y,
+        to_json(list(t {order}))::VARCHAR AS t
+    FROM p GROUP BY metric, key
+), odd AS (
+{odd}
+), nonfinite AS (
+    SELECT metric, key, to_json(list(s ORDER BY s, kind))::VARCHAR AS nx,
+        to_json(list(kind ORDER BY s, kind))::VARCHAR AS nv, to_json(list(t ORDER BY s, kind))::VARCHAR AS nt
+    FROM odd GROUP BY metric, key
 )
-SELECT metric, key, to_json(list(s {order}))::VARCHAR AS x, to_json(list(v {order}))::VARCHAR AS y,
-    to_json(list(t {order}))::VARCHAR AS t
-FROM p GROUP BY metric, key ORDER BY metric, key"""
+SELECT metric, key, coalesce(x, '[]') AS x, coalesce(y, '[]') AS y, coalesce(t, '[]') AS t, nx, nv, nt
+FROM finite FULL OUTER JOIN nonfinite USING (metric, key) ORDER BY metric, key"""
 
 
 def buckets(where: str, key: str, metric: str, lo: int | None, hi: int | None, n: int) -> str:
@@ -119,15 +143,24 @@ def buckets(where: str, key: str, metric: str, lo: int | None, hi: int | None, n
     because the query path turns every value of a row into a Python object under the GIL the ingest
     needs; a few strings cost nothing there, and :func:`points` decodes them in C.
     """
-    return f"SELECT key, x, y, t FROM ({_bucketed(where, key, [metric], lo, hi, n)}) ORDER BY key"
+    return f"SELECT key, x, y, t, nx, nv, nt FROM ({_bucketed(where, key, [metric], lo, hi, n)}) ORDER BY key"
 
 
-def points(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, list[int] | list[float]]]:
-    """:func:`buckets` rows as one step-ordered series per key: ``{key: {"x": steps, "y": values, "t": times}}``."""
-    return {str(key): {"x": _steps(x), "y": _values(y), "t": _values(t)} for key, x, y, t in rows}
+def _series(x: str, y: str, t: str, nx: str | None, nv: str | None, nt: str | None) -> dict[str, Any]:
+    series: dict[str, Any] = {"x": _steps(x), "y": _values(y), "t": _values(t)}
+    if nx is not None:  # only a series with NaN or ±Inf values has them, as steps, kinds and times
+        series["nonfinite"] = {"x": _steps(nx), "v": _kinds(nv or "[]"), "t": _values(nt or "[]")}
+    return series
 
 
-def points_by_metric(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, dict[str, list[int] | list[float]]]]:
+def points(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`buckets` rows as one step-ordered series per key: ``{key: {"x": steps, "y": values, "t": times}}``,
+    the finite values; a series with NaN or ±Inf values also has ``"nonfinite": {"x": steps, "v": kinds,
+    "t": times}``, a kind being ``"nan"``, ``"+inf"`` or ``"-inf"`` (JSON has no number for them)."""
+    return {str(key): _series(*series) for key, *series in rows}
+
+
+def points_by_metric(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """:func:`run_series_of` rows as ``{metric: {key: points}}`` (see :func:`points`)."""
     by_metric: dict[str, list[Sequence[Any]]] = {}
     for metric, *series in rows:

@@ -426,27 +426,17 @@ def _agent_options() -> type:
 # ---- the CLI ---------------------------------------------------------------------------------------------
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
-    found = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {a.dest: a.help or "" for a in action._choices_actions}
-            for name, sub in action.choices.items():
-                found.append((name, helps.get(name, ""), sub))
-    return found
-
-
 def commands(
     parser: argparse.ArgumentParser | None = None, prefix: str = "vigil"
 ) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
     """Every command, nested ones included (``vigil canary run``), with its help and its parser."""
+    from trainvigil.daemon.cli import _parser
+
     if parser is None:
         from trainvigil.daemon.cli.main import build_parser
 
         parser = build_parser()
-    for name, help_text, sub in _subparsers(parser):
-        yield f"{prefix} {name}", help_text, sub
-        yield from commands(sub, f"{prefix} {name}")
+    return _parser.commands(parser, prefix)
 
 
 def flags(name: str, parser: argparse.ArgumentParser) -> list[Flag]:
@@ -473,22 +463,21 @@ def all_flags() -> list[Flag]:
 
 
 def cli_page() -> str:
-    from trainvigil.daemon.cli import main
+    import importlib
 
-    doc = inspect.getdoc(main) or ""
-    exits = next((p for p in doc.split("\n\n") if p.startswith("Exit codes")), "")
-    rest = doc.split(exits, 1)[1].strip() if exits else ""
+    from trainvigil.daemon.cli import _exits
+
+    # The module, not the function `trainvigil.daemon.cli.main` that the package re-exports under its name.
+    doc = inspect.getdoc(importlib.import_module("trainvigil.daemon.cli.main")) or ""
+    rest = "\n\n".join(p for p in doc.split("\n\n")[1:] if not p.startswith("Exit codes"))
     out = [
         "# CLI\n",
         "Generated from `vigil`'s argparse parser (`daemon/cli/main.py`) at build time. `vigil COMMAND --help` "
         "prints the same.\n",
         "## Exit codes\n",
-        markdown(exits) + "\n",
+        markdown((inspect.getdoc(_exits) or "").split("\n\n")[0]) + "\n",
         markdown(rest) + "\n",
-        table(
-            ("code", "constant"),
-            [(str(v), f"`{k}`") for k, v in vars(main).items() if k.startswith("EXIT_") and isinstance(v, int)],
-        ),
+        table(("code", "constant", "meaning"), [(str(c), f"`{n}`", m) for c, (n, m) in _exits.MEANINGS.items()]),
     ]
     for name, help_text, parser in commands():
         out.append(f"## `{name}`\n")
@@ -498,6 +487,7 @@ def cli_page() -> str:
         rows = [(f.flags, f.default, f.description or "**undocumented**") for f in flags(name, parser)]
         if rows:
             out.append(table(("argument", "default", "what"), rows))
+        out.append(table(("exit code", "when"), [(str(c), markdown(w)) for c, w in _exits.codes(name).items()]))
     return "\n".join(out)
 
 

@@ -9,6 +9,7 @@
   // (about BATCH_SERIES series an answer): a run of hundreds of metrics costs the daemon a few queries.
   const MAX_CHARTS = 60, BATCH_METRICS = 16, BATCH_SERIES = 64;
   const UNITS = { step_time: "s", lr: "", samples: "samples", tokens: "tokens" };
+  const EVENTS_PAGE = 20;  // rows of a run's events table a page
   const page = document.body.dataset.page;
   const params = new URLSearchParams(location.search);
   // Read by the browser tests and bench/web.py: live updates applied, their commit-to-page latency (s),
@@ -177,6 +178,25 @@
   }
   const IDENTITY = { toX: (v) => v, toStep: (v) => v, stepsIn: (a, b) => [a, b] };
 
+  // ---- one x range for the charts of a run ---------------------------------------------------------
+  // Each chart would otherwise range over its own points: the chart of a metric gone NaN would end where it
+  // went NaN, its alert band off the edge, while the others ran on. The span is the union of what every
+  // chart drew (non-finite points included) and the run's step range, per x axis mode.
+  class Span {
+    constructor() { this.modes = {}; this.listeners = []; }
+    get(mode) { return this.modes[mode] || null; }
+    widen(mode, lo, hi) {  // true when the span grew
+      if (!isFinite(lo) || !isFinite(hi)) return false;
+      const old = this.modes[mode];
+      if (old && old[0] <= lo && old[1] >= hi) return false;
+      this.modes[mode] = old ? [Math.min(old[0], lo), Math.max(old[1], hi)] : [lo, hi];
+      this.listeners.forEach((f) => f(mode));
+      return true;
+    }
+    onChange(f) { this.listeners.push(f); }
+  }
+  const NONFINITE = { nan: "NaN", "+inf": "+Inf", "-inf": "−Inf" };
+
   // Only the charts on screen are fetched: at first, and on a live update; one out of view is marked stale
   // and fetched as soon as any of it shows. Ten open pages of six charts each at four updates a second
   // cost the daemon's queries and the browser's drawing, and both share the cores with ingest.
@@ -224,9 +244,11 @@
   }
 
   class Chart {
-    // One metric: a series per key (rank, or run and rank), episodes as bands, events as markers.
+    // One metric: a series per key (rank, or run and rank), episodes as bands, NaN and ±Inf values as markers
+    // at the chart's top (NaN, +Inf) or bottom (−Inf) edge.
     // opts: fetch(metric, range) -> {series, truncated}, keys(keys in the answer),
-    // view() -> {log, smooth, label, style, xmode}, origin(key) -> the Unix time the key's run started.
+    // view() -> {log, smooth, label, style, xmode}, origin(key) -> the Unix time the key's run started;
+    // optional: span (a Span the charts of a run share), zoom(range) (a drag zooms them all).
     constructor(parent, metric, opts) {
       this.metric = metric; this.opts = opts; this.range = null; this.raw = null; this.keys = [];
       this.box = el("div", { class: "chart", id: "chart-" + metric.replace(/[^A-Za-z0-9_-]/g, "_"), "data-metric": metric });
@@ -235,7 +257,7 @@
       this.tip = el("div", { class: "tip" });
       this.box.append(this.plotBox, this.note, this.tip);
       parent.append(this.box);
-      this.plot = null; this.episodes = []; this.events = []; this.map = IDENTITY;
+      this.plot = null; this.episodes = []; this.odd = []; this.map = IDENTITY;
       // Not fetched until the observer says it is on screen; ready() waits for that first word.
       this.visible = false; this.stale = true; this.loading = Promise.resolve();
       this.seen = new Promise((resolve) => { this.placed = resolve; });
@@ -255,10 +277,20 @@
       this.times = new Map();  // step -> wall time (Unix s), shown beside the hovered step
       for (const s of Object.values(body.series)) s.x.forEach((x, i) => { if (s.t && s.t[i] != null) this.times.set(x, s.t[i]); });
       this.keys = this.opts.keys(Object.keys(body.series));
+      // The series' NaN and ±Inf points (the daemon names them: JSON has no number for them), by step.
+      this.odd = [];
+      for (const k of this.keys) {
+        const n = body.series[k].nonfinite;
+        if (n) n.x.forEach((step, i) => this.odd.push({ key: k, step, kind: n.v[i], t: n.t[i] }));
+      }
+      this.odd.sort((a, b) => a.step - b.step);
       const points = Object.values(body.series).reduce((n, s) => Math.max(n, s.x.length), 0);
       const last = Object.values(body.series).reduce((n, s) => Math.max(n, s.x.length ? s.x[s.x.length - 1] : -Infinity), -Infinity);
-      if (isFinite(last)) this.box.dataset.lastStep = last;  // the newest step drawn (the browser tests read it)
+      const newest = Math.max(last, this.odd.length ? this.odd[this.odd.length - 1].step : -Infinity);
+      if (isFinite(newest)) this.box.dataset.lastStep = newest;  // the newest step drawn (the browser tests read it)
+      const first = this.odd[0], label = this.opts.view().label;
       this.note.textContent = `${points} points per series` + (body.truncated ? " (cut by the daemon's row limit)" : "") +
+        (first ? ` · ${this.odd.length > 1 ? "first non-finite: " : ""}${this.describe(first, label)}` : "") +
         (this.range ? ` · steps ${Math.floor(this.range[0])}–${Math.ceil(this.range[1])}` : "");
       this.draw();
     }
@@ -276,6 +308,8 @@
           x.push(s.t[i] - origin); y.push(s.y[i]); pairs.push([step, s.t[i] - origin]);
         });
         out[k] = { x, y };
+        // The non-finite points place their steps in time too, so their markers and bands land on the axis.
+        for (const p of this.odd) if (p.key === k && p.t != null) pairs.push([p.step, p.t - origin]);
       }
       this.map = new StepTime(pairs);
       return out;
@@ -286,12 +320,13 @@
       const data = align(this.series(xmode), this.keys, log, smooth);
       this.box.dataset.xmode = xmode;
       const sig = this.keys.join("|") + "/" + log + "/" + xmode;
-      const zoom = () => {  // a zoomed chart shows its range (on the time axis, as far as points go)
-        const xs = data[0];
-        if (!this.range || !xs.length) return;
-        const [a, b] = this.range.map((step) => this.map.toX(step));
-        this.plot.setScale("x", { min: isFinite(a) ? a : xs[0], max: isFinite(b) ? b : xs[xs.length - 1] });
-      };
+      // What this chart drew, on its x axis: its points and its non-finite markers.
+      let lo = data[0].length ? data[0][0] : Infinity, hi = data[0].length ? data[0][data[0].length - 1] : -Infinity;
+      for (const p of this.odd) { const x = this.map.toX(p.step); if (isFinite(x)) { lo = Math.min(lo, x); hi = Math.max(hi, x); } }
+      this.extent = lo <= hi ? [lo, hi] : null;
+      this.xmode = xmode;
+      const zoom = () => this.scale();
+      if (this.opts.span && this.extent && !this.range) this.opts.span.widen(xmode, ...this.extent);  // may rescale the others
       if (this.plot && this.sig === sig) { this.plot.setData(data, !this.range); zoom(); this.overlay(); return; }
       if (this.plot) this.plot.destroy();
       this.sig = sig;
@@ -315,9 +350,9 @@
           setSelect: [(u) => {
             if (u.select.width < 3) return;
             const [a, b] = [u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x")];
-            self.range = self.map.stepsIn(a, b);
+            const range = self.map.stepsIn(a, b);
             u.setSelect({ left: 0, width: 0, top: 0, height: 0 }, false);
-            self.load();
+            if (self.opts.zoom) self.opts.zoom(range); else { self.range = range; self.load(); }
           }],
           draw: [() => self.overlay()],
           setCursor: [(u) => self.hover(u)],
@@ -331,10 +366,25 @@
       const t = this.times && this.times.get(v);
       return t ? `${v} · ${new Date(t * 1000).toLocaleString()}` : String(v);
     }
-    setMarks(episodes, events) { this.episodes = episodes; this.events = events; this.overlay(); }
+    scale() {
+      // The x range drawn: the zoomed range, else the run's span (the charts of a run share it), else what
+      // this chart drew. A zoomed range on the time axis reaches as far as the points go.
+      const u = this.plot; if (!u || !this.extent) return;
+      let lo, hi;
+      if (this.range) {
+        [lo, hi] = this.range.map((step) => this.map.toX(step));
+        if (!isFinite(lo)) lo = this.extent[0];
+        if (!isFinite(hi)) hi = this.extent[1];
+      } else {
+        [lo, hi] = (this.opts.span && this.opts.span.get(this.xmode)) || this.extent;
+      }
+      if (hi > lo && (u.scales.x.min !== lo || u.scales.x.max !== hi)) u.setScale("x", { min: lo, max: hi });
+    }
+    describe(p, label) { return `${this.keys.length > 1 ? label(p.key) + ": " : ""}${NONFINITE[p.kind] || p.kind} at step ${p.step}`; }
+    setMarks(episodes) { this.episodes = episodes; this.overlay(); }
     overlay() {
       const u = this.plot; if (!u) return;
-      u.over.querySelectorAll(".episode, .event").forEach((n) => n.remove());
+      u.over.querySelectorAll(".episode, .nonfinite").forEach((n) => n.remove());
       const [xmin, xmax] = [u.scales.x.min, u.scales.x.max], at = (step) => this.map.toX(step);
       for (const ep of this.episodes) {
         const [first, last] = [at(ep.first_step), at(ep.last_step)];
@@ -345,12 +395,17 @@
         band.style.left = left + "px"; band.style.width = Math.max(4, right - left) + "px";
         u.over.append(band);
       }
-      for (const ev of this.events) {
-        const x = at(ev.step);
-        if (x < xmin || x > xmax) continue;
-        const bad = ev.kind === "checkpoint" && ev.detail && ev.detail.includes('"ok":false');
-        const mark = el("div", { class: "event" + (bad ? " bad" : ""), "data-kind": ev.kind, title: `${ev.kind} @ ${ev.step}` });
-        mark.style.left = u.valToPos(x, "x") + "px";
+      // A marker per non-finite point, but one per few pixels at each edge: a metric that stays NaN for a
+      // million steps draws a red rule along the edge, not a million nodes.
+      const { label } = this.opts.view(), drawn = { high: -Infinity, low: -Infinity };
+      for (const p of this.odd) {
+        const x = at(p.step);
+        if (!(x >= xmin && x <= xmax)) continue;
+        const edge = p.kind === "-inf" ? "low" : "high", left = u.valToPos(x, "x");
+        if (left - drawn[edge] < 3) continue;
+        drawn[edge] = left;
+        const mark = el("div", { class: `nonfinite ${edge}`, "data-step": p.step, "data-kind": p.kind, "data-key": p.key, title: this.describe(p, label) });
+        mark.style.left = left + "px";
         u.over.append(mark);
       }
     }
@@ -361,7 +416,12 @@
       const step = this.map.toStep(u.posToVal(left, "x"));
       const slack = Math.abs(this.map.toStep(u.scales.x.max) - this.map.toStep(u.scales.x.min)) / 200;
       const hits = this.episodes.filter((ep) => step >= ep.first_step - slack && step <= ep.last_step + slack).map((ep) => `${ep.severity} · ${ep.detector}: ${ep.message}`);
-      hits.push(...this.events.filter((ev) => Math.abs(ev.step - step) <= slack).map((ev) => `${ev.kind} @ step ${ev.step}`));
+      const label = this.opts.view().label, near = new Map();  // each series' non-finite point nearest the cursor
+      for (const p of this.odd) {
+        const d = Math.abs(p.step - step);
+        if (d <= slack && (!near.has(p.key) || d < near.get(p.key)[0])) near.set(p.key, [d, p]);
+      }
+      hits.push(...[...near.values()].map(([, p]) => this.describe(p, label)));
       if (!hits.length) { this.tip.style.display = "none"; return; }
       this.tip.textContent = hits.join("\n");
       this.tip.style.whiteSpace = "pre-line";
@@ -410,6 +470,65 @@
     live(load);
   }
 
+  // ---- a run's events: one lane of ticks, and a paged table -----------------------------------------------
+  function eventLane(box, range) {
+    // A tick per event along the run's steps (or the zoomed range); hovering names the events under the cursor.
+    const track = box.querySelector(".track"), tip = box.querySelector(".tip");
+    const ends = [box.querySelector(".lo"), box.querySelector(".hi")];
+    let events = [], placed = [];
+    const bad = (ev) => ev.kind === "checkpoint" && ev.detail && ev.detail.includes('"ok":false');
+    function draw() {
+      box.hidden = !events.length;
+      const r = range();
+      if (!events.length || !r) return;
+      let [lo, hi] = r;
+      if (hi <= lo) hi = lo + 1;
+      ends[0].textContent = `step ${Math.floor(lo)}`; ends[1].textContent = `step ${Math.ceil(hi)}`;
+      placed = [];
+      track.replaceChildren(...events.filter((ev) => ev.step >= lo && ev.step <= hi).map((ev) => {
+        const at = (ev.step - lo) / (hi - lo);
+        const mark = el("div", { class: "tick" + (bad(ev) ? " bad" : ""), "data-kind": ev.kind, "data-step": ev.step });
+        mark.style.left = (100 * at).toFixed(3) + "%";
+        placed.push([at, ev]);
+        return mark;
+      }));
+    }
+    track.addEventListener("mousemove", (e) => {
+      const rect = track.getBoundingClientRect(), slack = 4 / Math.max(1, rect.width);
+      const at = (e.clientX - rect.left) / Math.max(1, rect.width);
+      const hits = placed.filter(([x]) => Math.abs(x - at) <= slack).map(([, ev]) => ev);
+      if (!hits.length) { tip.style.display = "none"; return; }
+      const lines = hits.slice(0, 6).map((ev) => `${ev.kind} @ step ${ev.step} · rank ${ev.rank}` + (ev.detail ? ` · ${String(ev.detail).slice(0, 80)}` : ""));
+      if (hits.length > 6) lines.push(`and ${hits.length - 6} more`);
+      tip.textContent = lines.join("\n");
+      tip.style.display = "block";
+      const x = e.clientX - box.getBoundingClientRect().left, room = box.clientWidth - x - 16;
+      tip.style.left = (room > tip.offsetWidth ? x + 12 : Math.max(0, x - tip.offsetWidth - 12)) + "px";
+    });
+    track.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+    return { set(list) { events = list; draw(); }, draw };
+  }
+
+  function pagedTable(table, pager, size, cells) {
+    // Rows a page at a time; a refresh keeps the page the reader is on (as far as there are pages).
+    const tbody = table.querySelector("tbody"), [newest, newer, where, older, oldest] = pager.children;
+    let rows = [], at = 0;
+    const pages = () => Math.max(1, Math.ceil(rows.length / size));
+    function show() {
+      at = Math.min(at, pages() - 1);
+      fill(tbody, rows.slice(at * size, (at + 1) * size), cells);
+      where.textContent = `page ${at + 1} of ${pages()} · ${rows.length} in all`;
+      newest.disabled = newer.disabled = at === 0;
+      older.disabled = oldest.disabled = at >= pages() - 1;
+      pager.hidden = rows.length <= size;
+    }
+    newest.addEventListener("click", () => { at = 0; show(); });
+    newer.addEventListener("click", () => { at = Math.max(0, at - 1); show(); });
+    older.addEventListener("click", () => { at++; show(); });
+    oldest.addEventListener("click", () => { at = pages() - 1; show(); });
+    return { set(list) { rows = list; show(); } };
+  }
+
   async function runPage() {
     const runId = params.get("id") || "";
     const charts = document.getElementById("charts");
@@ -439,7 +558,16 @@
       return q;
     };
     const perBatch = () => Math.max(1, Math.min(BATCH_METRICS, Math.floor(BATCH_SERIES / Math.max(1, chosen.size))));
+    // Every chart of the run draws the same x range: the run's steps (or time) so far, or the zoom.
+    const span = new Span(), runSteps = (row) => row.last_step != null && span.widen("step", row.first_step, row.last_step);
+    let zoomed = null;
+    const zoom = (range) => { zoomed = range; made.forEach((c) => { c.range = range; c.reload(); }); lane.draw(); };
+    span.onChange(() => { made.forEach((c) => c.scale()); lane.draw(); });
+    const lane = eventLane(document.getElementById("event-lane"), () => zoomed || span.get("step"));
+    const eventsTable = pagedTable(document.getElementById("events"), document.getElementById("events-pager"), EVENTS_PAGE,
+      (e) => [td(e.step, "num"), td(e.rank, "num"), td(e.kind), td(e.detail, "mono")]);
     const opts = {
+      span, zoom,
       fetch: batched("/api/run/series", seriesQuery, perBatch),
       keys: (ks) => ks.filter((k) => chosen.has(k)).sort((a, b) => a - b),
       view: () => ({
@@ -449,7 +577,7 @@
       origin: () => started,
     };
     // The charts shown: the first MAX_CHARTS metrics the filter matches, each made when first shown.
-    let metrics = info.metrics, all = [], marked = [[], []];
+    let metrics = info.metrics, all = [], marked = [[]];
     const made = new Map();
     const filter = document.getElementById("metric-filter"), counted = document.getElementById("metric-count");
     const show = () => {
@@ -465,21 +593,25 @@
       else if (!all.length) charts.append(el("div", { class: "empty" }, "no metric matches the filter"));
       counted.textContent = matching.length > all.length ? `${all.length} of ${matching.length} metrics shown; filter to see others` : "";
     };
+    runSteps(info);
     show();
     filter.addEventListener("input", show);
     logBox.addEventListener("change", () => all.forEach((c) => c.draw()));
     smooth.addEventListener("input", () => { document.getElementById("smooth-value").textContent = smooth.value; all.forEach((c) => c.draw()); });
-    document.getElementById("reset").addEventListener("click", () => all.forEach((c) => { c.range = null; c.reload(); }));
+    document.getElementById("reset").addEventListener("click", () => zoom(null));
     const marks = async () => {
       const [eps, evs, anomalies] = await Promise.all([
         getJSON("/api/episodes?id=" + encodeURIComponent(runId)),
         getJSON("/api/events?id=" + encodeURIComponent(runId)),
         getJSON("/api/anomalies?id=" + encodeURIComponent(runId)),
       ]);
-      marked = [eps.rows, evs.rows];
+      marked = [eps.rows];
       made.forEach((c) => c.setMarks(...marked));
       fill(document.querySelector("#anomalies tbody"), anomalies.rows, (a) => [td(a.time), td(a.rank, "num"), td(a.step, "num"), td(a.detector), td(a.severity, "sev-" + a.severity), td(a.state), td(a.message)]);
-      fill(document.querySelector("#events tbody"), evs.rows, (e) => [td(e.step, "num"), td(e.rank, "num"), td(e.kind), td(e.detail, "mono")]);
+      // Events go in one lane above the charts and a paged table, newest first: a line per event on every
+      // chart would make a barcode of a long run, and a row per event a page thousands of pixels tall.
+      const newest = [...evs.rows].sort((a, b) => b.step - a.step || a.rank - b.rank);
+      lane.set(newest); eventsTable.set(newest);
     };
     await Promise.all(all.map((c) => c.ready()));
     await marks();
@@ -495,6 +627,7 @@
         if (fresh.metrics.length !== metrics.length) { metrics = fresh.metrics; show(); }
         status.textContent = fresh.status; status.className = "badge " + fresh.status;
         started = fresh.first_seen;
+        runSteps(fresh);
       }
       await Promise.all([...made.values()].map((c) => c.refresh()));  // those not shown are only marked stale
       if (notice.alerts || notice.events) await marks();
