@@ -54,9 +54,11 @@ RUNS_MAX = 100
 """Runs ``/metrics`` exports training gauges for at most (the most recently active): a fleet of thousands
 of runs must not make every scrape thousands of series long."""
 RUN_ENDED_S = 600.0
-"""An ended run's gauges go this long after its end (a dashboard still shows how it finished)."""
+"""An ended run's gauges go this long after its end (a dashboard still shows how it finished), or after
+the idle time-out when that is shorter."""
 RUN_IDLE_S = 3600.0
-"""A run that sent nothing for this long goes too, ended or not."""
+"""A run that sent nothing for this long goes too, ended or not (the default of ``[detectors] idle_forget_s``,
+which the ingest sets it to: a run's gauges go with its detectors' state)."""
 RATE_WINDOW_S = 60.0
 """The step rate is measured over about this much of the run's own (log) time."""
 
@@ -84,8 +86,10 @@ class RunGauges:
     """Per run, for ``/metrics``: the latest step, the step rate, the latest loss and the open alerts by
     severity, for at most ``RUNS_MAX`` runs (the most recently active; ended and idle ones age out)."""
 
-    def __init__(self, most: int = RUNS_MAX) -> None:
+    def __init__(self, most: int = RUNS_MAX, idle_s: float = RUN_IDLE_S) -> None:
         self.most = most
+        self.idle_s = idle_s
+        """A run silent this long loses its gauges; an ended one after ``min(RUN_ENDED_S, idle_s)``."""
         self._runs: dict[str, _RunGauge] = {}
 
     def __len__(self) -> int:
@@ -124,10 +128,11 @@ class RunGauges:
         self._age(now)
 
     def _age(self, now: float) -> None:
+        idle, ended = self.idle_s, min(RUN_ENDED_S, self.idle_s)
         gone = [
             run_id
             for run_id, run in self._runs.items()
-            if (run.ended and now - run.ended > RUN_ENDED_S) or now - run.seen > RUN_IDLE_S
+            if (run.ended and now - run.ended > ended) or now - run.seen > idle
         ]
         for run_id in gone:
             del self._runs[run_id]

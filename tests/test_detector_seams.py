@@ -322,7 +322,8 @@ def test_thousands_of_short_runs_that_end_leave_no_state_behind() -> None:
 
 @pytest.mark.slow
 def test_thousands_of_runs_that_just_stop_are_forgotten_after_the_idle_horizon() -> None:
-    dets = detectors.build(load(None, env={"VIGIL_DETECTORS_IDLE_FORGET_S": "100"}).detectors)
+    env = {"VIGIL_DETECTORS_IDLE_FORGET_S": "100", "VIGIL_DETECTORS_RUN_FAILED_LOST_AFTER_S": "60"}
+    dets = detectors.build(load(None, env=env).detectors)
     groups = SHORT_RUNS // GROUP
     peak = dict.fromkeys(dets.tracked(), 0)
     now = 1000.0

@@ -19,6 +19,7 @@ from trainvigil.daemon.detectors import _coalesce
 from trainvigil.daemon.detectors._base import Detector, DetectorSettings, Episodes, Finding, StreamDetector
 from trainvigil.daemon.detectors._coalesce import Coalescer
 from trainvigil.daemon.detectors._isolation import DetectorFailures, select_runs
+from trainvigil.daemon.detectors._lifecycle import IDLE_FORGET_MAX_S
 from trainvigil.daemon.detectors._runner import Detectors, run_all
 from trainvigil.daemon.detectors.ckpt_mismatch import CkptMismatch
 from trainvigil.daemon.detectors.generalisation import Generalisation
@@ -70,7 +71,7 @@ DetectorsConfig: type[msgspec.Struct] = msgspec.defstruct(
     "DetectorsConfig",
     [
         # Shared by every detector: a stream silent this long is over (it never sent run_end).
-        ("idle_forget_s", Annotated[float, msgspec.Meta(gt=0)], 3600.0),
+        ("idle_forget_s", Annotated[float, msgspec.Meta(gt=0, le=IDLE_FORGET_MAX_S)], 3600.0),
         # While a batch holds more than coalesce_streams streams, the per-step detectors judge a
         # stream once coalesce_steps of its steps wait, or the oldest waited coalesce_s (_coalesce).
         ("coalesce_streams", Annotated[int, msgspec.Meta(ge=0)], _coalesce.MIN_STREAMS),

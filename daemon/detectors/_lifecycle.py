@@ -1,13 +1,16 @@
 """Which runs are live, so detectors can let go of the rest (pure: batches in, keys out).
 
 A stream (run, rank) is live from its first record until its ``run_end``, or until it has
-sent nothing for ``idle_forget_s`` (a run that crashed or was killed never says goodbye).
+sent nothing for ``idle_forget_s`` (a run that crashed or was killed never says goodbye), or for
+``silent_forget_s`` where that is longer: the detectors that page silence (``stall``, ``hang``, ``run_failed``)
+page a stream before it is forgotten.
 A run is live while any of its streams is, or while ranks of its ``world_size`` have not been
 seen yet: state kept across ranks (``straggler``, ``ckpt_mismatch``) goes once every rank ended
 (or the last live one went idle). A run whose first ranks ended before another's records
 arrived (an agent that reached the broker late delivers its whole run at once) keeps its
 state for those, until they come or ``idle_forget_s`` passes. A ``run_start`` after a
-``run_end`` makes the stream live again.
+``run_end`` makes the stream live again, and so does any record of a stream that was forgotten: it starts
+fresh, as a new stream (its open episodes were dropped with it; their last updates stand in the store).
 
 Time is the daemon's clock (``batch.now``), or in replay, where there is none, the latest
 record time seen; it never runs backwards. Idle streams are looked for every quarter of
@@ -35,13 +38,22 @@ class Expired:
         return bool(self.streams or self.runs)
 
 
+IDLE_FORGET_MAX_S = 7 * 86400.0
+"""The longest ``[detectors] idle_forget_s`` allowed: a week of silence, so the state a daemon keeps stays
+bounded by the runs of the last week however many came and went without a ``run_end``."""
+
+
 class RunTracker:
     """Live streams by run, with the clock of each one's latest record."""
 
-    def __init__(self, idle_forget_s: float = 3600.0) -> None:
+    def __init__(self, idle_forget_s: float = 3600.0, silent_forget_s: float | None = None) -> None:
         if not idle_forget_s > 0:
             raise ValueError(f"idle_forget_s must be > 0, not {idle_forget_s!r}")
         self.idle_forget_s = idle_forget_s
+        self.silent_forget_s = max(idle_forget_s, silent_forget_s or idle_forget_s)
+        """How long a live stream may be silent before it is forgotten: ``idle_forget_s``, or longer while a
+        detector that pages silence would page later. A run with no live stream left (its ranks ended,
+        others never seen) waits ``idle_forget_s``: nothing watches its silence."""
         self._live: dict[str, dict[int, float]] = {}
         """run → rank → clock of the stream's latest record."""
         self._world: dict[str, int] = {}
@@ -81,7 +93,7 @@ class RunTracker:
         if batch.run_ends:
             self._end(batch, expired)
         if math.isfinite(clock) and self._sweeps.due(clock):
-            self._sweep(clock - self.idle_forget_s, expired)
+            self._sweep(clock - self.silent_forget_s, clock - self.idle_forget_s, expired)
         return expired
 
     def _end(self, batch: IngestBatch, expired: Expired) -> None:
@@ -116,16 +128,16 @@ class RunTracker:
             table.pop(run_id, None)
         expired.runs.append(run_id)
 
-    def _sweep(self, horizon: float, expired: Expired) -> None:
+    def _sweep(self, silent: float, waiting: float, expired: Expired) -> None:
         for run_id, ranks in list(self._live.items()):
-            idle = [rank for rank, last in ranks.items() if last < horizon]
+            idle = [rank for rank, last in ranks.items() if last < silent]
             for rank in idle:
                 del ranks[rank]
                 expired.streams.append((run_id, rank))
             if not ranks:
                 self._forget(run_id, expired)
         for run_id, since in list(self._waiting.items()):
-            if since < horizon:
+            if since < waiting:
                 self._forget(run_id, expired)
 
 

@@ -12,14 +12,33 @@ from trainvigil.daemon.detectors._isolation import DetectorFailures
 from trainvigil.daemon.detectors._lifecycle import RunTracker
 from trainvigil.schemas import Anomaly
 
+SILENCE_WATCHERS: dict[str, str] = {"stall": "min_seconds", "hang": "min_seconds", "run_failed": "lost_after_s"}
+"""The detectors that page a stream for its silence, and the setting naming the shortest silence each pages."""
+SILENCE_MARGIN_S = 10.0
+"""A stream is forgotten no sooner than this after the longest of those silences: the watchers' own sweeps
+(once a second) page it first, and the page stays open in the store with its last update."""
+
+
+def forget_after_s(detectors: Iterable[Detector], idle_forget_s: float) -> float:
+    """How long a silent stream is kept: ``idle_forget_s``, or longer when a silence watcher among
+    ``detectors`` pages later (forgetting first would lose its page)."""
+    silences = [
+        float(getattr(getattr(d, "settings", None), SILENCE_WATCHERS[d.name], 0.0))
+        for d in detectors
+        if d.name in SILENCE_WATCHERS
+    ]
+    return max([idle_forget_s, *(silence + SILENCE_MARGIN_S for silence in silences)])
+
 
 class Detectors(list[Detector]):
     """The detectors a daemon runs, in order, with what :func:`run_all` keeps between batches.
 
     Attributes:
-        runs: the live runs and streams (what detectors may forget, and when).
+        runs: the live runs and streams (what detectors may forget, and when): a stream silent for
+            ``idle_forget_s`` is forgotten, or later where a silence watcher pages later (:func:`forget_after_s`).
         failures: which detector failed on which run (``errors`` counts them per detector).
         held: the steps held back from the ``coalesce`` detectors while batches are busy.
+        forgotten: streams forgotten so far (the ingest hands the freed memory back when it next idles).
     """
 
     def __init__(
@@ -30,7 +49,8 @@ class Detectors(list[Detector]):
         held: Coalescer | None = None,
     ) -> None:
         super().__init__(detectors)
-        self.runs = RunTracker(idle_forget_s)
+        self.runs = RunTracker(idle_forget_s, forget_after_s(self, idle_forget_s))
+        self.forgotten = 0
         self.failures = DetectorFailures()
         self.held = held if held is not None else Coalescer(_coalesce.MIN_STREAMS, _coalesce.STEPS, _coalesce.WAIT_S)
 
@@ -84,6 +104,7 @@ def run_all(detectors: Detectors, batch: IngestBatch) -> list[Anomaly]:
             # Out of the except block, so a failure of the rerun is not chained to this one.
             found.extend(failures.recover(detector, seen, error, journal[mark:], ranks))
     if expired:
+        detectors.forgotten += len(expired.streams)
         for detector in detectors:
             failures.forget(detector, expired.streams, expired.runs)
         if failures.disabled:

@@ -137,6 +137,7 @@ class Ingest:
         self._purged_below = 0
         metrics.detector_errors = self.detectors.failures.errors  # mutated in place by the detectors
         metrics.detector_disabled = self.detectors.failures.disabled
+        metrics.runs.idle_s = self.detectors.runs.silent_forget_s  # a run's gauges go with its detectors' state
         self._owed_rounds = 0
         self._trim_when_idle = False
         """Batches were taken since the heap was last trimmed (it is, once the ingest catches up)."""
@@ -296,7 +297,10 @@ class Ingest:
         """Nothing arrived: time still passes for detectors that watch silence (stall), and the
         steps held back from the per-step detectors while batches were busy are judged."""
         idle = IngestBatch(max_seq=seq.next_seq - 1, now=time.time())
+        forgotten = self.detectors.forgotten
         idle.anomalies.extend(await self._detect(idle))
+        if self.detectors.forgotten != forgotten:  # idle streams let go: their memory goes back at the next trim
+            self._trim_when_idle = True
         if idle.anomalies:
             await send.send(Fetched(idle, [], self.metrics.consumer_lag))
 

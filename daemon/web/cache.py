@@ -4,7 +4,8 @@ Many open pages ask the same questions (the runs table, a run's curves); between
 answer cannot change. :class:`SharedAnswers` runs each distinct query once per *generation* (the
 broadcaster's commit count) and hands every request of that generation the same answer, also the
 requests that arrive while it runs (single flight). A commit starts a new generation; old answers
-are dropped as the bounded table fills.
+are dropped as the bounded table fills: it holds :data:`MAX_ENTRIES` answers at most, the least recently
+asked for dropped first (an LRU), so a flood of distinct questions (a page per run of thousands) cannot grow it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from trainvigil.daemon.web.budget import off_the_clock
 
 T = TypeVar("T")
 MAX_ENTRIES = 256
+"""Answers kept at most (the least recently asked for go first)."""
 
 
 class _Entry(Generic[T]):
@@ -60,6 +62,7 @@ class SharedAnswers(Generic[T]):
             finally:
                 entry.done.set()
             return entry.value
+        self._entries.move_to_end(key)  # asked for again: the last to go
         async with off_the_clock():  # another request is computing it: waiting costs this one nothing
             await entry.done.wait()
         if entry.error is not None:

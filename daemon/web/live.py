@@ -33,6 +33,17 @@ HEAVY_STEPS_S = 20_000
 """Committed steps a second from which the ingest counts as working hard: a fleet of 2 000 ranks at 10
 steps/s. Below it the web view is never held back (see :mod:`.budget`)."""
 KEEPALIVE_S = 15.0
+NOTICE_RUNS_MAX = 1000
+"""Runs a notice names at most: past them it says "every run" (``runs: null``, which pages read as a
+refetch of what they show), so a slow page behind a flood of runs holds no set of every run id it missed."""
+
+
+def merged(into: set[str] | None, runs: set[str] | None) -> set[str] | None:
+    """``into`` with ``runs`` added in place; None (every run) once that would name over :data:`NOTICE_RUNS_MAX`."""
+    if into is None or runs is None:
+        return None
+    into |= runs
+    return None if len(into) > NOTICE_RUNS_MAX else into
 
 
 def touched_runs(batch: IngestBatch) -> set[str]:
@@ -56,15 +67,16 @@ class Subscription:
     """One open page's pending notice: the runs committed since it last sent one, and what else came."""
 
     def __init__(self) -> None:
-        self.runs: set[str] = set()
+        self.runs: set[str] | None = set()
+        """The runs committed since the last notice; None: more than :data:`NOTICE_RUNS_MAX`, every run."""
         self.alerts = False
         self.events = False
         self.committed_at = 0.0
         self.ready = anyio.Event()
 
     def take(self) -> dict[str, object]:
-        notice = {
-            "runs": sorted(self.runs),
+        notice: dict[str, object] = {
+            "runs": None if self.runs is None else sorted(self.runs),
             "alerts": self.alerts,
             "events": self.events,
             "committed_at": self.committed_at,
@@ -82,7 +94,7 @@ class Broadcaster:
         self.closed = False
         self.generation = 0
         """Ticks so far: an answer read before the latest tick may be out of date."""
-        self._pending: set[str] = set()
+        self._pending: set[str] | None = set()
         self._pending_alerts = False
         self._pending_events = False
         self._committed_at = 0.0
@@ -106,7 +118,7 @@ class Broadcaster:
         self._loop.call_soon_threadsafe(self._pend, runs, alerts, events, steps, time.time())
 
     def _pend(self, runs: set[str], alerts: bool, events: bool, steps: int, at: float) -> None:
-        self._pending |= runs
+        self._pending = merged(self._pending, runs)
         self._pending_alerts |= alerts
         self._pending_events |= events
         self._committed_at = at
@@ -124,10 +136,10 @@ class Broadcaster:
         self.generation += 1
         runs, alerts, events = self._pending, self._pending_alerts, self._pending_events
         self._pending, self._pending_alerts, self._pending_events = set(), False, False
-        if not (runs or alerts):
+        if runs is not None and not runs and not alerts:
             return
         for sub in self._subs:
-            sub.runs |= runs
+            sub.runs = merged(sub.runs, runs)
             sub.alerts |= alerts
             sub.events |= events
             sub.committed_at = self._committed_at
