@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
-from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta
@@ -23,13 +22,12 @@ from msgspec import Meta
 from trainvigil.errors import ConfigError
 from trainvigil.schemas.credentials import BusAccess
 from trainvigil.schemas.limits import INT32_MAX, MAX_NAME, Count32, Name, Rank
-from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.settings import Bytes, Count, Seconds, convert, env_name, from_env
 
 from ._values import utf8
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-_SCHEMES = {"nats", "tls", "ws", "wss"}
 
 
 def default_spill_dir(env: Mapping[str, str] = os.environ) -> Path:
@@ -38,39 +36,6 @@ def default_spill_dir(env: Mapping[str, str] = os.environ) -> Path:
     cache = env.get("XDG_CACHE_HOME", "")
     base = Path(cache) if os.path.isabs(cache) else Path.home() / ".cache"  # the XDG spec ignores relative paths
     return base / "trainvigil" / "spill"
-
-
-def nats_servers(url: str, key: str = "nats_url (VIGIL_NATS_URL)") -> list[str]:
-    """The broker URLs in ``url``, comma-separated, each checked; a bare ``HOST:PORT`` gets ``nats://``.
-
-    Raises:
-        ConfigError: a part is not ``nats://``, ``tls://``, ``ws://`` or ``wss://`` with a host and
-            (optional) numeric port, nor ``HOST:PORT``; or websocket and plain URLs are mixed.
-    """
-    servers = []
-    for part in (p.strip() for p in url.split(",")):
-        full = part if "://" in part else f"nats://{part}"
-        try:
-            parts = urlsplit(full)
-            # Without a scheme a port is required: a lone word is a typo more often than a host name.
-            ok = parts.scheme in _SCHEMES and bool(parts.hostname) and parts.port != 0
-            ok = ok and (parts.port is not None or full == part)
-        except ValueError:  # a port that is not a number, or out of range
-            ok = False
-        if not ok:
-            shown = redact_url(url)  # quoted back: never its password
-            what = f"is {shown!r}" if part == url.strip() else f"{shown!r} holds {redact_url(part)!r}"
-            raise ConfigError(
-                f"{key} {what}, not a NATS URL: use nats://HOST:PORT (or tls://, ws://, wss://, HOST:PORT), "
-                "several separated by commas",
-                key="nats_url",
-            )
-        servers.append(full)
-    if len({s.startswith(("ws://", "wss://")) for s in servers}) > 1:
-        raise ConfigError(
-            f"{key} {redact_url(url)!r} mixes websocket and plain NATS URLs; use one kind", key="nats_url"
-        )
-    return servers
 
 
 WorldSize = Annotated[int, Meta(ge=1, le=INT32_MAX)]
@@ -171,7 +136,7 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
             if not utf8(getattr(self, key)):
                 raise ConfigError(f"{key}={_shown(getattr(self, key))} is not UTF-8 text; choose another", key=key)
         if self.enabled:  # a disabled agent never connects: its URL and files cannot stop the run
-            nats_servers(self.nats_url)
+            parse_nats_url(self.nats_url)
             self.access.connect_options()  # a missing or malformed file is said now, before training starts
 
     @property

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from trainvigil.schemas.credentials import refusal
+from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
+from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import quiet_backoff
 
 from .acks import AckInbox
-from .options import AgentOptions, nats_servers
+from .options import AgentOptions
 from .outbox import OutMsg
 from .push import FileResult, publish_round, upload
 
@@ -121,31 +123,30 @@ class NatsPublisher:
             elif refusal(exc):  # refused later: a permission (publishing with a reader's file), a rotated password
                 self._say_refused(exc)
 
-        # nats-py (with aiohttp for websockets) takes ~120 ms to import: it is imported here, on the agent's
-        # thread at its first connect, so `import trainvigil` and a disabled agent never pay for it.
-        import nats
-
         opts = self.options
+        # No deadline: nats-py tries the nodes until one answers, reporting each failure to on_error; a refusal
+        # does not end it either (the agent keeps its data and keeps trying, whatever the broker says).
+        policy = ConnectPolicy(
+            name=self.name,
+            connect_timeout=1,
+            deadline=None,
+            reconnect=True,
+            reconnect_wait=RECONNECT_WAIT_S,
+            stop_on_refusal=False,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            pending_size=16 * 2**20,
+        )
         waits = quiet_backoff(opts.retry_wait_initial, opts.retry_wait_max)  # silent: see its docstring
         while True:
             try:
-                nc: NATS = await nats.connect(
-                    nats_servers(opts.nats_url),
-                    name=self.name,
-                    connect_timeout=1,
-                    reconnect_time_wait=RECONNECT_WAIT_S,
-                    max_reconnect_attempts=-1,
-                    allow_reconnect=True,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                    error_cb=on_error,
-                    pending_size=16 * 2**20,
-                    **opts.access.connect_options(),
-                )
+                nc: NATS = await connect(parse_nats_url(opts.nats_url), opts.access, policy)
                 break
             except Exception as exc:
-                self._noticed(repr(exc))
-                self._first_failure(exc)
+                cause = exc.cause if isinstance(exc, BusConnectError) else exc
+                self._noticed(repr(cause))
+                self._first_failure(cause)
                 changed()
             await asyncio.sleep(next(waits))
         try:

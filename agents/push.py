@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from trainvigil.errors import VigilError
-from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
+from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.inputs import InputRefusedError, open_input
+from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
+from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.redact import redact_url
 
 from ._spill_check import foreign_frame
 from .acks import AckInbox
-from .options import nats_servers
 from .outbox import OutMsg, copy_range, mark_delivered, read_frame, read_sealed_header, write_sealed
 
 SUFFIX = ".spill"
@@ -86,7 +87,7 @@ class FileResult:
 def broker_key(url: str) -> str:
     """``url`` as sealed files record it, so that two spellings of one list compare equal; without its passwords
     (:func:`~trainvigil.schemas.redact.redact_url`): a file names its broker, never the secret."""
-    return redact_url(",".join(nats_servers(url)))
+    return str(parse_nats_url(url))
 
 
 def sealed_name(run_token: str, rank: int, pid: int, nonce: str) -> str:
@@ -290,35 +291,14 @@ async def push(
         ConfigError: ``url`` is not a NATS URL, or a file of ``access`` cannot be read.
         NoBrokerError: no broker answered at ``url``.
     """
-    import nats  # here, not at module level: the agent imports this module, and nats-py takes ~120 ms to import
-    from nats.errors import Error as NatsError
-
-    servers = nats_servers(url, key="--nats / VIGIL_NATS_URL")
-
-    async def quiet(exc: Exception) -> None:  # nats-py logs every failed attempt otherwise
-        pass
-
+    parsed = parse_nats_url(url, key="--nats / VIGIL_NATS_URL")
+    policy = ConnectPolicy(name="vigil push", connect_timeout=2, deadline=connect_timeout, tries_per_node=2)
     try:
-        nc = await asyncio.wait_for(
-            nats.connect(
-                servers,
-                name="vigil push",
-                connect_timeout=2,
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                error_cb=quiet,
-                **access.connect_options(),
-            ),
-            connect_timeout,
-        )
-    except (OSError, TimeoutError, NatsError) as exc:
-        if why := refusal(exc):
-            raise NoBrokerError(f"the broker at {redact_url(url)} turned vigil push away: {why}", url=url) from None
-        raise NoBrokerError(
-            f"no NATS broker answered at {redact_url(url)} ({type(exc).__name__}); start one (vigil up) or pass "
-            "--nats URL",
-            url=url,
-        ) from None
+        nc = await connect(parsed, access, policy)
+    except BusConnectError as exc:
+        if exc.refused:
+            raise NoBrokerError(f"the broker at {parsed} turned vigil push away: {exc.refused}", url=url) from None
+        raise NoBrokerError(f"{exc}; start one (vigil up) or pass --nats URL", url=url) from None
     try:
         js = await AckInbox(nc).open()
         results = []

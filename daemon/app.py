@@ -29,7 +29,7 @@ from trainvigil.daemon.broker.holders import hold
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.broker.shards import answer_roll_call, check_partitioning
 from trainvigil.daemon.canary import Canaries
-from trainvigil.daemon.config import DaemonConfig, nats_servers
+from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.ingest.pipeline import Ingest
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.reads import ReadOnlyQueries
@@ -40,7 +40,8 @@ from trainvigil.daemon.web.http import serve_http
 from trainvigil.daemon.web.live import Broadcaster
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import private
-from trainvigil.schemas.credentials import refusal
+from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
+from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import retrying
 
@@ -118,8 +119,6 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
         BrokerUnavailableError: no NATS server answered at ``url`` in time.
         ConfigError: the server turned the daemon's credentials or TLS away (said at once, not retried).
     """
-    last_error: BaseException | None = None
-    waiting = anyio.move_on_after(config.connect_timeout_s)
 
     async def connected() -> None:
         metrics.broker_connected = True
@@ -128,41 +127,31 @@ async def _connect(url: str, config: DaemonConfig, metrics: DaemonMetrics) -> na
         metrics.broker_connected = False
 
     async def quiet_error(exc: Exception) -> None:
-        nonlocal last_error
-        last_error = exc
         log.debug("nats_error", error=repr(exc))
-        if not nc.is_connected and refusal(exc):  # a wrong password stays wrong: no point retrying
-            waiting.cancel()
 
-    nc = nats.NATS()
-    options = access(config, "daemon").connect_options()
-    with waiting:
-        try:
-            await nc.connect(
-                nats_servers(url),  # a cluster's nodes: nats-py picks one and fails over to the others
-                name="trainvigil-daemon",
-                max_reconnect_attempts=-1,
-                # nats-py annotates these as int; it takes seconds as float.
-                reconnect_time_wait=0.25,  # type: ignore[arg-type]
-                connect_timeout=min(2.0, config.connect_timeout_s),  # type: ignore[arg-type]
-                reconnected_cb=connected,
-                disconnected_cb=disconnected,
-                error_cb=quiet_error,
-                **options,
-            )
-        except (OSError, nats.errors.Error) as exc:
-            last_error = exc
-    if not nc.is_connected:
-        with anyio.CancelScope(shield=True):
-            await nc.close()
-        if last_error is not None and (why := refusal(last_error)):
-            raise ConfigError(f"the NATS server at {redact_url(url)} turned the daemon away: {why}", key="nats_creds")
+    policy = ConnectPolicy(
+        name="trainvigil-daemon",
+        connect_timeout=min(2.0, config.connect_timeout_s),
+        deadline=config.connect_timeout_s,
+        reconnect=True,  # a cluster's nodes: nats-py picks one and fails over to the others
+        reconnect_wait=0.25,
+        error_cb=quiet_error,
+        disconnected_cb=disconnected,
+        reconnected_cb=connected,
+    )
+    try:
+        nc = await connect(parse_nats_url(url), access(config, "daemon"), policy)
+    except BusConnectError as exc:
+        if exc.refused:  # a wrong password stays wrong: said at once, not retried
+            raise ConfigError(
+                f"the NATS server at {redact_url(url)} turned the daemon away: {exc.refused}", key="nats_creds"
+            ) from None
         raise BrokerUnavailableError(
             f"no NATS server answered at {redact_url(url)} within {config.connect_timeout_s:g} s "
-            f"({_describe(last_error)}); "
+            f"({_describe(exc.cause)}); "
             "start the broker or fix --nats/VIGIL_NATS_URL (VIGIL_CONNECT_TIMEOUT_S sets the wait)",
             url=url,
-        )
+        ) from None
     metrics.broker_connected = True
     return nc
 

@@ -20,7 +20,7 @@ import msgspec
 from trainvigil.daemon.detectors import DetectorsConfig
 from trainvigil.errors import ConfigError
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, SCRIPT_FAULTS, WORKLOADS
-from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.settings import (
     MAX_BYTES,
     MAX_COUNT,
@@ -34,7 +34,7 @@ from trainvigil.schemas.settings import (
 from trainvigil.schemas.shards import MAX_SHARDS, ShardId, parse_shard
 from trainvigil.schemas.subjects import STREAM_SUBJECTS
 
-_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+_NATS_URL_KEY = "nats_url (VIGIL_NATS_URL, --nats)"
 QUERY_ROW_LIMIT = 10_000
 """``query_row_limit``'s default: rows one answer holds unless the request names fewer (or ``--limit`` more)."""
 
@@ -66,21 +66,19 @@ def _name(key: str, value: str) -> None:
     _require(key, value, "a name without spaces, '.', '*', '>', '/'", bool(re.fullmatch(r"[^\s.*>/\\]+", value)))
 
 
-def _nats_url(key: str, url: str) -> None:
-    """One URL, or several comma-separated (the nodes of a cluster: nats-py fails over between them)."""
-    for one in url.split(","):
-        try:
-            parts = urlsplit(one.strip())
-            ok = parts.scheme in _NATS_SCHEMES and bool(parts.hostname) and parts.port != 0
-        except ValueError:  # a port that is not a number or out of range
-            ok = False
-        rule = "a NATS URL like nats://HOST:PORT, or several comma-separated (schemes: nats, tls, ws, wss)"
-        _require(key, redact_url(url), rule, ok)  # quoted back: never its password
+def _nats_url(url: str) -> None:
+    """One URL or several comma-separated (a cluster's nodes), read as the agent and every command read it."""
+    parse_nats_url(url, _NATS_URL_KEY)
 
 
 def nats_servers(url: str) -> list[str]:
-    """The broker URLs in ``nats_url`` (comma-separated: a cluster's nodes), in the order given."""
-    return [one.strip() for one in url.split(",") if one.strip()]
+    """The broker URLs in ``nats_url`` (comma-separated: a cluster's nodes), in the order given, as nats-py takes
+    them (see :func:`~trainvigil.schemas.natsurl.parse_nats_url`).
+
+    Raises:
+        ConfigError: ``url`` is not a NATS URL, nor several comma-separated.
+    """
+    return list(parse_nats_url(url, _NATS_URL_KEY).servers)
 
 
 _SECRET = re.compile(r"[\x21-\x7e]+")
@@ -468,7 +466,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         _require("data_dir", self.data_dir, "a directory path", bool(self.data_dir.strip()))
         if self.nats_url:
-            _nats_url("nats_url", self.nats_url)
+            _nats_url(self.nats_url)
         if self.shard:
             try:
                 parse_shard(self.shard)

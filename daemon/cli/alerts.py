@@ -8,15 +8,13 @@ import signal
 import sys
 from typing import TextIO
 
-import nats
-import nats.errors
-
 from trainvigil.daemon.alerts.format import as_json, as_result, summary
 from trainvigil.daemon.formatting import render, terminal_safe
-from trainvigil.errors import DaemonUnavailableError, WireError
+from trainvigil.errors import ConfigError, DaemonUnavailableError, WireError
 from trainvigil.schemas import PREFIX, Anomaly, alert_subject, decode
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
-from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
+from trainvigil.schemas.natsurl import parse_nats_url
 
 _COLUMNS = "time, run_id, rank, step, detector, severity, state, value, threshold, message"
 
@@ -41,33 +39,21 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: B
     async def disconnected() -> None:
         print("vigil: lost the broker; reconnecting", file=sys.stderr, flush=True)
 
-    async def quiet(exc: Exception) -> None:
-        """Reconnect attempts print nothing more than the line above."""
-
+    parsed = parse_nats_url(url)
+    # Reconnect forever once connected (a broker restart must not end --follow), but give up
+    # on the first connection after a few seconds: then nothing is there.
+    policy = ConnectPolicy(connect_timeout=1, deadline=3, reconnect=True, disconnected_cb=disconnected)
     try:
-        # Reconnect forever once connected (a broker restart must not end --follow), but give up
-        # on the first connection after a few seconds: then nothing is there.
-        nc = await asyncio.wait_for(
-            nats.connect(
-                url,
-                connect_timeout=1,
-                reconnect_time_wait=0.5,
-                max_reconnect_attempts=-1,
-                disconnected_cb=disconnected,
-                error_cb=quiet,
-                **access.connect_options(),
-            ),
-            timeout=3,
-        )
-    except (TimeoutError, OSError, nats.errors.Error):
-        raise DaemonUnavailableError(
-            f"no broker answered at {redact_url(url)}; start `vigil up` or pass --nats URL"
-        ) from None
+        nc = await connect(parsed, access, policy)
+    except BusConnectError as exc:
+        if exc.refused:
+            raise ConfigError(str(exc), key="nats_creds") from None
+        raise DaemonUnavailableError(f"no broker answered at {parsed}; start `vigil up` or pass --nats URL") from None
     subject = alert_subject(run_id) if run_id is not None else f"{PREFIX}.alerts.>"
     try:
         sub = await nc.subscribe(subject)
         await nc.flush()
-        print(f"vigil: following {subject} on {redact_url(url)}; Ctrl-C to stop", file=sys.stderr, flush=True)
+        print(f"vigil: following {subject} on {parsed}; Ctrl-C to stop", file=sys.stderr, flush=True)
         if fmt == "csv":
             out.write(render(as_result([]), "csv"))
             out.flush()
@@ -94,6 +80,7 @@ def follow(url: str, run_id: str | None, fmt: str, out: TextIO = sys.stdout, acc
         access: a reader's credentials and the CA to trust.
 
     Raises:
+        ConfigError: ``url`` is not a NATS URL, or the broker turned these credentials away.
         DaemonUnavailableError: no broker answers at ``url``.
     """
     # A shell script's background job (`vigil alerts --follow &`) starts with SIGINT ignored, and Python then

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import duckdb
 import msgspec
@@ -33,10 +32,10 @@ from nats.aio.client import Client as NATS
 
 from trainvigil.daemon.cli._sandbox import sandboxed
 from trainvigil.daemon.cli._shard_plan import PARTIALS, ShardPlan
-from trainvigil.daemon.config import nats_servers
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, run_query
 from trainvigil.errors import QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas.credentials import BusAccess
+from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.query import QueryResult
 from trainvigil.schemas.shards import SHARDS_SUBJECT, ShardId
 from trainvigil.schemas.sqltypes import ColumnTypeError, SqlType, quote_identifier, render
@@ -203,7 +202,7 @@ def open_bus(url: str, access: BusAccess) -> bool:
     """Whether this client connects without credentials (no file, no user in the URL): then nothing tells a
     shard from any other local process. With ``vigil up --auth`` only the daemon role may subscribe to the
     roll call and the shards' subjects (:mod:`trainvigil.daemon.broker.auth`)."""
-    return not access.creds and not any(urlsplit(server).username for server in nats_servers(url))
+    return not access.creds and not parse_nats_url(url).has_user
 
 
 def shard_ids(count: int, indexes: set[int]) -> list[ShardId]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -19,11 +19,13 @@ from nats.aio.client import Client as NATS
 from trainvigil.daemon.broker.embedded import port_open
 from trainvigil.daemon.cli._shard_plan import plan as shard_plan
 from trainvigil.daemon.cli.shardsql import OPEN_BUS_WARNING, Gathered, merge, open_bus, roll_call, shard_ids
-from trainvigil.daemon.config import QUERY_ROW_LIMIT, nats_servers
+from trainvigil.daemon.config import QUERY_ROW_LIMIT
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
 from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
+from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
+from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import retrying
@@ -51,7 +53,7 @@ class _Connection:
         return next((why for exc in self.errors if (why := refusal(exc))), None)
 
 
-def _any_listens(servers: list[str]) -> bool:
+def _any_listens(servers: Sequence[str]) -> bool:
     """Whether anything accepts TCP connections at one of ``servers`` (a closed port answers at once)."""
     for server in servers:
         parts = urlsplit(server)
@@ -65,37 +67,18 @@ async def _connect(url: str, access: BusAccess) -> _Connection | None:
     """A connection to the broker at ``url``, or ``None`` when none answers.
 
     Raises:
-        ConfigError: the broker turned these credentials (or this TLS trust) away: said at once, since a
-            wrong password would otherwise read as "no daemon" and fall back to the file.
+        ConfigError: ``url`` is not a NATS URL; or the broker turned these credentials (or this TLS trust) away:
+            said at once, since a wrong password would otherwise read as "no daemon" and fall back to the file.
     """
-    servers = nats_servers(url)
-    if not await asyncio.to_thread(_any_listens, servers):
+    parsed = parse_nats_url(url)
+    if not await asyncio.to_thread(_any_listens, parsed.servers):
         return None  # refused at once: nats-py would retry a refused first connect until the 3 s bound
     conn = _Connection()
-    nc = NATS()
-    options = access.connect_options()
     try:
-        await asyncio.wait_for(
-            nc.connect(
-                servers,
-                connect_timeout=1,
-                max_reconnect_attempts=0,
-                allow_reconnect=False,
-                error_cb=conn.keep,
-                **options,
-            ),
-            timeout=3,
-        )
-        conn.nc = nc
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
-        # A refused connection leaves its socket open otherwise; after a failed TLS handshake
-        # nats-py's close waits for ever on the lost stream, hence the bound.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.close(), 1)
-        if why := refusal(exc) or conn.refused():
-            raise ConfigError(
-                f"the broker at {redact_url(url)} turned this client away: {why}", key="nats_creds"
-            ) from None
+        conn.nc = await connect(parsed, access, ConnectPolicy(connect_timeout=1, deadline=3, error_cb=conn.keep))
+    except BusConnectError as exc:
+        if exc.refused:
+            raise ConfigError(str(exc), key="nats_creds") from None
         return None
     return conn
 
