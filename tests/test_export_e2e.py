@@ -147,7 +147,9 @@ def test_export_usage_errors_and_help(tmp_path: Path) -> None:
     usage = [(["--format", "parquet"], "-o FILE"), (["-o", str(tmp_path / "missing" / "x.csv")], "does not exist")]
     where = ["--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path)]
     helped, *done = vigil_together(["export", "--help"], *[["export", "ex", *args, *where] for args, _ in usage])
-    assert helped.returncode == 0 and "usage: vigil export" in helped.stdout and "Exit 0" in helped.stdout
+    assert helped.returncode == 0 and "usage: vigil export" in helped.stdout, helped.stderr
+    codes = helped.stdout.partition("exit codes:")[2]
+    assert all(f"  {code}  " in codes for code in (0, 1, 2, 3)), helped.stdout  # the exit-code table's rows
     for (_, says), refused in zip(usage, done, strict=True):
         assert refused.returncode == EXIT_USAGE and says in refused.stderr, refused.stderr
         assert refused.stderr.count("\n") == 1, refused.stderr
