@@ -15,9 +15,9 @@ __all__ = ["Agent", "VigilError", "__version__", "init"]
 
 
 def __getattr__(name: str) -> object:
-    # ``trainvigil.torch``, ``.checkpoint``, ``.jax`` and ``.integrations`` load on first use: torch (or
-    # jax, or a framework) stays unimported for scripts that never touch it.
-    if name in ("torch", "checkpoint", "jax", "integrations"):
+    # ``trainvigil.torch``, ``.checkpoint``, ``.jax``, ``.integrations`` and the W&B / TensorBoard shims load
+    # on first use: torch (or jax, or a framework) stays unimported for scripts that never touch it.
+    if name in ("torch", "checkpoint", "jax", "integrations", "wandb", "tensorboard"):
         import importlib
 
         return importlib.import_module(f"trainvigil.{name}")
