@@ -1,6 +1,6 @@
 """A fleet of training ranks on the wire, without agents: many (run, rank) streams, each sending
 one message per ``interval`` with the steps logged since the last one, as an agent's interval
-flush sends them. Shared by ``ingest.py --fleet`` and ``tests/test_fleet.py``.
+flush sends them. Shared by ``ingest.py --fleet`` and ``tests/unit/test_fleet.py``.
 
 Messages are what an agent publishes: an :class:`~trainvigil.schemas.Envelope` from the rank's
 :class:`~trainvigil.schemas.Source` holding one ``StepBatch`` equal to what the agent's own
@@ -292,7 +292,7 @@ def step_message(
     """Message ``k`` of rank ``r``: steps ``k*n .. k*n+n-1`` logged over the interval before ``t_send``.
 
     The columns are built with NumPy straight into the agent's wire form (what ``build_step_batch`` makes
-    of the same ``log()`` calls: ``tests/test_fleet.py`` checks they are equal), so that the simulated
+    of the same ``log()`` calls: ``tests/unit/test_fleet.py`` checks they are equal), so that the simulated
     fleet costs little beside the daemon it measures."""
     n = spec.steps_per_message
     first = k * n

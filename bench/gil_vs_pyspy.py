@@ -1,6 +1,6 @@
 """The GIL sampler side by side with py-spy, and what the sampler costs the code it watches.
 
-Part 1, accuracy: every reference workload (``tests/gil_workloads.py``: idle, sleeping,
+Part 1, accuracy: every reference workload (``tests/_support/gil_workloads.py``: idle, sleeping,
 pipe I/O, numpy matmul/FFT, one and four pure-Python threads, sorted() of 2M items, a mix)
 runs in its own process with our sampler on, twice: alone, then with ``py-spy record --gil
 --nonblocking --threads`` attached to it for the same stretch (py-spy's reading of the

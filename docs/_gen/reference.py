@@ -4,7 +4,7 @@ Nothing here holds a description of its own: every word of a row comes from the 
 struct's ``Attributes:`` docstring section, an attribute docstring or the comment above a field, an
 argparse ``help``, a ``COMMENT ON`` of ``schema.sql``, a detector module's docstring, a JSON Schema
 ``description``). ``hooks.py`` turns :func:`pages` into site pages at build time, and
-``tests/test_docs.py`` fails when a row has no description.
+``tests/integration/test_docs.py`` fails when a row has no description.
 """
 
 from __future__ import annotations
@@ -619,7 +619,7 @@ def wire_page() -> str:
     out = [
         "# The wire\n",
         "Generated at build time from the JSON Schema files in `schemas/json/` (written from the msgspec structs of "
-        "`trainvigil.schemas`, `tests/test_schemas.py` keeps them equal) for producers in other languages: "
+        "`trainvigil.schemas`, `tests/unit/test_schemas.py` keeps them equal) for producers in other languages: "
         + ", ".join(f"`{f}`" for f in files)
         + ".\n",
         markdown(inspect.getdoc(records) or "") + "\n",

@@ -6,7 +6,7 @@ and checkpoint digests, and ends the run with training.
     python examples/integrations/hf_trainer.py out/ --steps 20 --save-every 10 --eval-every 10
     python examples/integrations/hf_trainer.py out/ --without      # the same training without trainvigil
 
-``tests/test_integrations.py`` runs this script against a real broker and daemon, and
+``tests/e2e/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the callback. The last line printed is
 the step times and the Trainer's own ``train_runtime`` (``_common.py``).
 """

@@ -8,7 +8,7 @@ checkpoint the parameters with per-leaf digests that ``vigil verify`` checks.
     python examples/integrations/jax_mlp.py out/ --nan-at 30    # a NaN in the gradients: non_finite pages at 30
     python examples/integrations/jax_mlp.py out/ --without      # the same training without trainvigil
 
-``tests/test_jax_integration.py`` runs this script against a real broker and daemon, and
+``tests/e2e/test_jax_integration.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without trainvigil. The last line printed is the
 step times and the seconds the loop took (``_common.py``); to time whole steps, the clock waits for
 each step's loss in both arms (``block_until_ready``), which a training loop need not do.

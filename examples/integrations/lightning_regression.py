@@ -6,7 +6,7 @@ the module logs (``train_loss`` as ``loss``, ``val_loss``), the hyper-parameters
     python examples/integrations/lightning_regression.py out/ --epochs 2 --batches 16
     python examples/integrations/lightning_regression.py out/ --without   # the same training without trainvigil
 
-``tests/test_integrations.py`` runs this script against a real broker and daemon, and
+``tests/e2e/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the integration. The last line printed
 is the step times and the seconds ``Trainer.fit`` took (``_common.py``).
 """

@@ -6,7 +6,7 @@ the run id from the experiment's name, so the workers log as the ranks of one ru
     python examples/integrations/ray_train.py out/ --workers 2 --steps 50
     python examples/integrations/ray_train.py out/ --without    # the same training without trainvigil
 
-``tests/test_ray_integration.py`` runs this script against a real broker and daemon (a local Ray
+``tests/e2e/test_ray_integration.py`` runs this script against a real broker and daemon (a local Ray
 instance), and ``bench/integrations_overhead.py`` times it with and without trainvigil. The last line
 printed is rank 0's step times and the seconds its loop took (``_common.py``).
 """

@@ -6,7 +6,7 @@ detectors read.
     python examples/integrations/sb3_ppo.py --timesteps 2048 --rollout 256
     python examples/integrations/sb3_ppo.py --without               # the same training without trainvigil
 
-``tests/test_integrations.py`` runs this script against a real broker and daemon, and
+``tests/e2e/test_integrations.py`` runs this script against a real broker and daemon, and
 ``bench/integrations_overhead.py`` times it with and without the callback. The last line printed is
 the times of its iterations (a rollout and the update after it) and the seconds ``PPO.learn`` took
 (``_common.py``).

@@ -9,7 +9,7 @@ operations. A lone matrix takes torch's own 2-D ops and comes out bit for bit. A
 may sum a dot product's float32 terms in another order: on this project's CPUs 99.98% of elements
 come out bit for bit, and a matrix where a near-tie rounds the other way moves by up to ~1% (the
 bfloat16 iteration is only that accurate itself: its result's singular values spread over 0.5-1.5).
-tests/test_optim.py pins both. Large matrices, where the matmuls dominate, go one at a time
+tests/unit/test_optim.py pins both. Large matrices, where the matmuls dominate, go one at a time
 (:data:`BATCH_BELOW`). Torch before 2.9, which has no Muon, gets the same algorithm from here.
 """
 

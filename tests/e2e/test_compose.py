@@ -24,8 +24,8 @@ import pytest
 import yaml
 from support import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEC = Path(__file__).resolve().parent / "data" / "compose-spec.json"
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = Path(__file__).resolve().parents[1] / "data" / "compose-spec.json"
 
 
 def _load_yaml(path: Path) -> Any:

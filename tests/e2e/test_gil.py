@@ -1,6 +1,6 @@
 """The GIL sampler against real threads: the ranges it must show, and the agent end to end.
 
-Each measurement runs a reference workload (``tests/gil_workloads.py``) in a fresh
+Each measurement runs a reference workload (``tests/_support/gil_workloads.py``) in a fresh
 process, with ``OPENBLAS_NUM_THREADS=1`` set before numpy loads. The numbers are
 statistical and this box is shared, so a range gets up to five measurements.
 
@@ -26,7 +26,7 @@ from support import Daemon, NatsServer, wait_for
 
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ATTEMPTS = 5
-WORKLOADS = Path(__file__).parent / "gil_workloads.py"
+WORKLOADS = Path(__file__).parents[1] / "_support" / "gil_workloads.py"
 MS = 1e-3
 
 

@@ -24,7 +24,7 @@ from support import Daemon, NatsServer, wait_for
 
 import trainvigil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("VIGIL_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts")) / "web"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RUN, XSS, LONG, MANY = "web-run", "<script>alert(1)</script>", "long-run", "many-metrics"

@@ -32,7 +32,7 @@ from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import Anomaly
 
-SECURITY_DOC = Path(__file__).resolve().parents[1] / "docs" / "operations" / "security.md"
+SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "operations" / "security.md"
 
 
 def _hostile(url: str) -> str:

@@ -18,7 +18,7 @@ import duckdb
 import pytest
 from support import Daemon, NatsServer, SecuredDaemon, gone, run_producer, vigil, vigil_together, wait_for
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]
 MLP = f"python {HERE.parent / 'examples' / 'train_mlp.py'} --steps 80"
 
 

@@ -22,7 +22,7 @@ from trainvigil.daemon.cli.replay import replay_table
 from trainvigil.daemon.config import load
 from trainvigil.schemas import Anomaly
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
+CORPUS = Path(__file__).parents[1] / "data" / "corpus"
 SWAP = "ppo-cartpole-reward-swap"
 WITHIN = 40
 """Updates from the collapse (the true return below half its level before the fault) to the page."""

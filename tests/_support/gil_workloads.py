@@ -2,7 +2,7 @@
 
 Run one under the sampler and print the result as JSON::
 
-    OPENBLAS_NUM_THREADS=1 python tests/gil_workloads.py python --seconds 1.5
+    OPENBLAS_NUM_THREADS=1 python tests/_support/gil_workloads.py python --seconds 1.5
 
 numpy reads ``OPENBLAS_NUM_THREADS`` when it loads, and ``trainvigil`` loads numpy, so set
 it in the environment (not in code) for the ``matmul``/``fft``/``mixed`` workloads.

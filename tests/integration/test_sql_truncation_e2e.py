@@ -14,7 +14,7 @@ ROWS = 10_050  # more than the daemon's default query_row_limit (10 000)
 
 
 SHIPPED = {"VIGIL_QUERY_ROW_LIMIT": "10000"}
-"""The shipped query budgets (tests/support.py raises the row limit for other tests)."""
+"""The shipped query budgets (tests/_support/support.py raises the row limit for other tests)."""
 
 
 def _fill(d: Daemon) -> None:

@@ -22,7 +22,7 @@ from support import Daemon, NatsServer, wait_for
 
 from trainvigil.daemon.broker.embedded import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 RUN = "grafana-run"
 TRAIN = f"""

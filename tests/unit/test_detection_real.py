@@ -25,7 +25,7 @@ from trainvigil.daemon.cli.replay import batches, replay_table
 from trainvigil.daemon.config import load
 from trainvigil.schemas import Anomaly, RunStart, Source
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
+CORPUS = Path(__file__).parents[1] / "data" / "corpus"
 RUNS = sorted(p.name for p in CORPUS.iterdir() if (p / "manifest.json").exists())
 JUDGED = (
     "grad_spike",

@@ -8,13 +8,13 @@ import sys
 from typing import Any
 
 import duckdb
-from support import HERE, Daemon, NatsServer, wait_for
+from support import ROOT, Daemon, NatsServer, wait_for
 
 from trainvigil.daemon.broker.embedded import free_port
 
 # The demo's loop is an ordinary user script: watch(grad_norm=False), clip_grad_norm_, log its norm.
 DEMO = [sys.executable, "-m", "trainvigil.daemon.cli.demo_train"]
-MLP = [sys.executable, str(HERE.parent / "examples" / "train_mlp.py")]
+MLP = [sys.executable, str(ROOT / "examples" / "train_mlp.py")]
 # A loop that never calls watch(): nothing can apply a fault.
 UNWATCHED = [
     sys.executable,

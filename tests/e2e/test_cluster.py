@@ -1,7 +1,7 @@
 """Beyond one machine: a NATS cluster with a replicated stream, daemon shards, and queries across them.
 
 Real nats-server processes on loopback (``bench/_cluster.py``), real daemons (``vigil up --shard``),
-real agents in separate processes (``tests/cluster_producer.py``).
+real agents in separate processes (``tests/_support/cluster_producer.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import nats
 import pytest
 import support
 from _cluster import NatsCluster
-from support import HERE, ShardDaemon, wait_for
+from support import HERE, ROOT, ShardDaemon, wait_for
 
 from trainvigil.daemon import config as config_mod
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
@@ -52,8 +52,8 @@ def across(url: str, sql: str) -> QueryResult:
 def produce(
     url: str, steps: int, agents: list[str], *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """``tests/cluster_producer.py``: one agent per ``RUN:RANK[:STEP_TIME]`` in one process."""
-    path = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent / "bench"), os.environ.get("PYTHONPATH")]))
+    """``tests/_support/cluster_producer.py``: one agent per ``RUN:RANK[:STEP_TIME]`` in one process."""
+    path = os.pathsep.join(filter(None, [str(HERE), str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "VIGIL_NATS_URL": url, "VIGIL_ACK_TIMEOUT": "2", "PYTHONPATH": path, **(env or {})}
     cmd = [sys.executable, str(HERE / "cluster_producer.py"), str(steps), *agents, *args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

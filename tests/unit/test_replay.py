@@ -195,7 +195,7 @@ def test_vigil_replay_exits_2_on_a_missing_or_bad_file(tmp_path: Path) -> None:
 def test_vigil_replay_of_a_directory_carries_its_events_and_heartbeats() -> None:
     """A directory of steps/events/heartbeats Parquet (a corpus run, or ``vigil export`` of each
     table): its heartbeats show the hung loop was alive, so ``hang`` pages; without them it cannot."""
-    run = Path(__file__).parent / "data" / "corpus" / "gpt-hang"
+    run = Path(__file__).parents[1] / "data" / "corpus" / "gpt-hang"
     out = subprocess.run(
         [sys.executable, "-m", "trainvigil.daemon.cli", "replay", str(run)], capture_output=True, text=True, timeout=120
     )

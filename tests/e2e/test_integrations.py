@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import Daemon, NatsServer, wait_for
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "integrations"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrations"
 """The documented example scripts, run here with the sizes a test can afford."""
 HF = ["hf_trainer.py", "{tmp}", "--steps", "20", "--log-every", "5", "--save-every", "10", "--eval-every", "10"]
 LIGHTNING = ["lightning_regression.py", "{tmp}", "--epochs", "2", "--batches", "16", "--log-every", "4",

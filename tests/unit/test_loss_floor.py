@@ -19,7 +19,7 @@ from test_detectors import noisy, opened, run_detector
 
 from trainvigil.daemon.cli.replay import replay_table
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
+CORPUS = Path(__file__).parents[1] / "data" / "corpus"
 N = 4000
 
 

@@ -17,7 +17,7 @@ from support import vigil_together
 from trainvigil.daemon.cli import _exits
 from trainvigil.daemon.cli.main import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_gen"))
 
 import reference  # noqa: E402  (docs/_gen, beside the mkdocs hook)

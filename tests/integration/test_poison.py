@@ -254,7 +254,7 @@ def _as_json(value: Any) -> bytes:
 
 def _once(rows: list[tuple[Any, ...]], resent_after_s: float) -> int:
     """How many of ``rows`` (the time first) are stored: every recent one; the old ones once each, a row
-    equal in every column to another being a message sent again (``tests/test_store_resends.py``)."""
+    equal in every column to another being a message sent again (``tests/unit/test_store_resends.py``)."""
     horizon = _at(time.time() - resent_after_s)
     old = [row for row in rows if row[0] < horizon]
     return len(rows) - len(old) + len(set(old))

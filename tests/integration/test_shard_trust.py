@@ -465,7 +465,7 @@ def test_the_merge_runs_in_the_locked_duckdb(tmp_path: Path) -> None:
 
 def test_every_duckdb_the_cli_opens_is_the_locked_one() -> None:
     """Only the sandbox opens an in-memory DuckDB in the CLI (the history file opens read-only and locked too)."""
-    cli = Path(__file__).resolve().parent.parent / "daemon" / "cli"
+    cli = Path(__file__).resolve().parents[2] / "daemon" / "cli"
     opens = sorted(p.name for p in cli.glob("*.py") if "duckdb.connect(" in p.read_text())
     assert opens == ["_sandbox.py"]
     assert _Planner("SELECT 1").con.execute("SELECT current_setting('enable_external_access')").fetchone() == (False,)

@@ -32,9 +32,9 @@ from trainvigil.daemon.cli.main import build_parser
 from trainvigil.schemas.credentials import BusAccess
 from trainvigil.schemas.shards import parse_shard, shard_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "cluster"
-SPEC = Path(__file__).resolve().parent / "data" / "compose-spec.json"
+SPEC = Path(__file__).resolve().parents[1] / "data" / "compose-spec.json"
 
 
 @pytest.fixture(scope="module")

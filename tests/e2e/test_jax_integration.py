@@ -24,7 +24,7 @@ import optax
 from trainvigil.agents.columnar import _to_floats
 from trainvigil.agents.integrations import jax as vigil_jax
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "integrations" / "jax_mlp.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "integrations" / "jax_mlp.py"
 """The docs' JAX example, a whole script."""
 
 

@@ -22,7 +22,7 @@ from trainvigil.daemon.detectors._windows import MAX_VALUES, Windows
 from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, Source
 
 N = 3000
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def rng(seed: int = 0) -> np.random.Generator:

@@ -21,7 +21,7 @@ from trainvigil.daemon.cli.replay import replay_table
 from trainvigil.daemon.config import load
 from trainvigil.schemas import Anomaly, RunEvent, RunStart, Source
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
+CORPUS = Path(__file__).parents[1] / "data" / "corpus"
 
 
 def _found(name: str) -> list[Anomaly]:

@@ -21,7 +21,7 @@ import duckdb
 import pytest
 from support import Daemon, NatsServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_gen"))
 
 import reference  # noqa: E402  (docs/_gen, beside the mkdocs hook)

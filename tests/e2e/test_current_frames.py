@@ -120,7 +120,7 @@ def test_the_gil_sampler_and_the_stuck_probe_read_frames_with_gc_off(monkeypatch
 
 def test_nothing_else_in_the_package_calls_sys_current_frames() -> None:
     """A new reader of other threads' frames goes through ``current_frames`` too (or it can freeze 3.11)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     bare = [
         f"{path.relative_to(root)}:{n}"
         for folder in ("agents", "daemon", "schemas", "src")

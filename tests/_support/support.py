@@ -22,6 +22,9 @@ from trainvigil.schemas.query import QueryRequest, QueryResult
 from trainvigil.schemas.shards import ShardId
 
 HERE = Path(__file__).parent
+"""This folder: the helper scripts the tests run as processes (``producer.py``, ``nan_train.py``, ...)."""
+ROOT = HERE.parents[1]
+"""The checkout."""
 CHILD_OFFSET = 1_000_000
 
 
@@ -233,9 +236,9 @@ def serving(root: Path, env: dict[str, str] | None = None, *, args: Sequence[str
 def run_producer(
     nats_url: str, run_id: str, rank: int, steps: int, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """``tests/producer.py`` as a separate training process (``env``: more variables for it)."""
+    """``tests/_support/producer.py`` as a separate training process (``env``: more variables for it)."""
     # The child imports this module, so it gets the import path pytest gives the tests (``pythonpath``).
-    path = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent / "bench"), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(HERE), str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "VIGIL_NATS_URL": nats_url, "PYTHONPATH": path, **(env or {})}
     return subprocess.Popen(
         [sys.executable, str(HERE / "producer.py"), run_id, str(rank), str(steps), *args],

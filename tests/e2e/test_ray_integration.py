@@ -14,7 +14,7 @@ from support import Daemon, NatsServer, wait_for
 
 pytest.importorskip("ray.train.torch")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "integrations" / "ray_train.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "integrations" / "ray_train.py"
 """The docs' Ray Train example, a whole script."""
 
 
