@@ -193,6 +193,13 @@ async def _watch_signals(ingest: Ingest) -> None:
             return
 
 
+async def _watch_event(ingest: Ingest, stop: anyio.Event) -> None:
+    """A daemon embedded in another program (the tests' in-process daemon) stops when it is told, like on SIGTERM."""
+    await stop.wait()
+    log.info("stopping", signal=None)
+    ingest.stop()
+
+
 async def _serve_web(
     config: DaemonConfig,
     metrics: DaemonMetrics,
@@ -226,9 +233,13 @@ async def serve(
     *,
     drain: bool = False,
     on_ready: Callable[[str], None] | None = None,
+    stop: anyio.Event | None = None,
     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM/SIGINT/SIGHUP (or, with ``drain``, until the stream is consumed).
+
+    ``stop``: instead of the signals (which only a program's main thread receives), the daemon stops
+    when this event is set, as it does on SIGTERM: a daemon run in a thread of another program.
 
     Start-up order: broker (embedded if needed) → store → claim of the stream and consumer (one
     daemon per broker, :mod:`~trainvigil.daemon.broker.holders`) → stream → HTTP → query responder
@@ -286,7 +297,10 @@ async def serve(
                 # A shard runs the canaries whose runs it owns (see trainvigil.daemon.canary.service).
                 await tg.start(Canaries(nc, store, config, metrics, alerts, url).serve)
                 ingest = Ingest(js, store, config, metrics, alerts)
-                tg.start_soon(_watch_signals, ingest)
+                if stop is None:
+                    tg.start_soon(_watch_signals, ingest)
+                else:
+                    tg.start_soon(_watch_event, ingest, stop)
                 log.info(
                     "ready",
                     nats_url=redact_url(url),
