@@ -9,6 +9,7 @@ current schema. And the tracked files are grepped for work-session and issue num
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -19,12 +20,11 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from docs_gen import load_reference
 from support import Daemon, NatsServer
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "docs" / "_gen"))
-
-import reference  # noqa: E402  (docs/_gen, beside the mkdocs hook)
+reference = load_reference()
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK_S = 180
@@ -179,14 +179,25 @@ def test_the_sql_recipes_bind_against_the_schema() -> None:
             pytest.fail(f"{block.id}: {exc}")
 
 
-def test_ci_runs_the_readmes_test_command_after_the_strict_docs_build() -> None:
-    """``.ci/run`` ends with exactly the test command README.md gives, and builds the docs strictly before it."""
+def test_ci_runs_the_readmes_test_command_which_builds_the_docs_strictly(tmp_path: Path) -> None:
+    """``.ci/run`` ends with exactly the test command README.md gives, and that command (tests/run.py) builds the
+    docs strictly, runs every tier and the static checks in a full run."""
     steps = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines() if line.strip()]
     steps = [s for s in steps if not s.startswith("#")]
     readme_commands = [b.code.strip() for b in blocks("bash") if b.path.name == "README.md"]
     assert steps[-1] in readme_commands, f".ci/run ends with {steps[-1]!r}, which README.md does not give"
-    assert "mkdocs build --strict" in steps
-    assert steps.index("mkdocs build --strict") < len(steps) - 1
+    assert steps[-1] == "python tests/run.py"
+    spec = importlib.util.spec_from_file_location("run_checks", ROOT / "tests" / "run.py")
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = runner  # before it runs: its dataclasses look their module up there
+    spec.loader.exec_module(runner)
+    commands = [" ".join(step.command) for step in runner.steps([], tmp_path)]
+    assert any("-m mkdocs build --strict" in c for c in commands), commands
+    assert any("-m pytest" in c and c.endswith("tests/static") for c in commands), commands
+    parallel = [c for c in commands if "not serial" in c]
+    assert len(parallel) == 1 and parallel[0].endswith("tests/unit tests/integration tests/e2e"), commands
+    assert any("-m serial" in c and c.endswith("tests/unit tests/integration tests/e2e") for c in commands), commands
 
 
 def test_the_readme_is_a_front_door() -> None:

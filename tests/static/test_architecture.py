@@ -60,7 +60,10 @@ def test_the_package_tests_benches_and_examples_type_check(tmp_path: Path) -> No
     ``examples/`` against it (their helper modules, ``support`` and ``_procs``, found as the tests find them)."""
     pytest.importorskip("mypy")
     site = _tree(tmp_path)
-    env = {**os.environ, "MYPYPATH": os.pathsep.join([str(site), str(ROOT / "tests" / "_support"), str(ROOT / "bench")])}
+    env = {
+        **os.environ,
+        "MYPYPATH": os.pathsep.join([str(site), str(ROOT / "tests" / "_support"), str(ROOT / "bench")]),
+    }
     command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
     command += ["--cache-dir", str(tmp_path / "cache"), "--explicit-package-bases", str(site / "trainvigil")]
     command += [str(ROOT / folder) for folder in ("tests", "bench", "examples")]
