@@ -19,16 +19,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from trainvigil.schemas import (
-    Envelope,
-    Record,
-    Source,
-    StepBatch,
-    data_subject,
-    encode,
-)
+from trainvigil.schemas import Envelope, Record, Source, StepBatch, encode
 from trainvigil.schemas.kinds import RECORD_KINDS
-from trainvigil.schemas.subjects import Kind
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Kind, Subjects
 
 from ._drops import Drops
 from ._values import MetricNames, describe
@@ -45,10 +38,14 @@ Failed = Callable[[str, BaseException, str, int], None]
 
 
 class Batcher:
-    """Packs entries and records into :class:`OutMsg`; ``drops`` counts what it leaves out."""
+    """Packs entries and records into :class:`OutMsg` on ``subjects``' data subjects of the run; ``drops`` counts
+    what it leaves out."""
 
-    def __init__(self, source: Source, batch_size: int, drops: Drops, failed: Failed) -> None:
+    def __init__(
+        self, source: Source, batch_size: int, drops: Drops, failed: Failed, subjects: Subjects = DEFAULT_SUBJECTS
+    ) -> None:
         self.source = source
+        self.subjects = subjects
         self.batch_size = batch_size
         self.drops = drops
         self._failed = failed
@@ -99,7 +96,7 @@ class Batcher:
             by_kind.setdefault(record_kind.subject if record_kind is not None else "run", []).append(record)
         out: list[OutMsg] = []
         for subject_kind, group in by_kind.items():
-            self._group(data_subject(self.source.run_id, subject_kind), group, out)
+            self._group(self.subjects.data(self.source.run_id, subject_kind), group, out)
         return out
 
     def _add(self, chunk: list[Entry]) -> None:
@@ -121,7 +118,7 @@ class Batcher:
         payload = self._encode([batch])
         rows = len(batch.step) // 8
         if len(payload) <= MAX_PAYLOAD:
-            return [self._message(data_subject(self.source.run_id, "metrics"), payload, rows)]
+            return [self._message(self.subjects.data(self.source.run_id, "metrics"), payload, rows)]
         if rows == 1:
             step = int.from_bytes(batch.step, "little", signed=True)
             self.drops.add("too_large", note=f"step {step} with {len(batch.columns)} metrics")

@@ -171,7 +171,12 @@ class NatsPublisher:
             return FileResult(path, error="not connected")
         opts = self.options
         return await upload(
-            self._inbox, path, max_inflight=opts.max_inflight, ack_timeout=opts.ack_timeout, only_for=only_for
+            self._inbox,
+            path,
+            max_inflight=opts.max_inflight,
+            ack_timeout=opts.ack_timeout,
+            only_for=only_for,
+            subjects=opts.subjects,
         )
 
     def hold_replies(self, until: float) -> None:

@@ -37,6 +37,7 @@ from trainvigil.schemas.inputs import InputRefusedError, open_input
 from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
 from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 from ._spill_check import foreign_frame
 from .acks import AckInbox
@@ -198,6 +199,7 @@ async def upload(
     ack_timeout: float,
     only_for: str | None = None,
     on_round: Callable[[FileResult], None] = lambda result: None,
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> FileResult:
     """Publish the sealed file at ``path`` through ``js``, oldest message first, calling ``on_round``
     with what was acknowledged so far after each round that delivered something.
@@ -205,8 +207,8 @@ async def upload(
     The file is removed once every message was acknowledged; after a partial delivery (an
     error, or cancellation) only the unacknowledged rest is kept. With ``only_for`` (a
     :func:`broker_key`), a file meant for another broker is skipped. A file that is not a regular
-    file, or has a frame off its run's data subjects (:mod:`._spill_check`), is refused whole and left
-    as it is. Never raises but for cancellation: failures are in the result.
+    file, or has a frame off its run's data subjects in ``subjects``' namespace (:mod:`._spill_check`), is
+    refused whole and left as it is. Never raises but for cancellation: failures are in the result.
     """
     result = FileResult(path)
     with _claim(path) as f:
@@ -226,7 +228,7 @@ async def upload(
             result.skipped = True
             return result
         offset = start = f.tell()
-        if why := foreign_frame(f):
+        if why := foreign_frame(f, subjects):
             result.error = (
                 f"refused: {why}; nothing of it was sent and it is left as it is (no agent writes such a file: "
                 "remove it if you did not make it)"
@@ -280,12 +282,14 @@ async def push(
     ack_timeout: float = 10.0,
     connect_timeout: float = 5.0,
     access: BusAccess = ANONYMOUS,
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> list[FileResult]:
     """Upload ``paths`` (sealed files) to the broker at ``url``, calling ``on_file`` after each and
     ``on_round`` during each (see :func:`upload`).
 
     Args:
         access: an agent's credentials and the CA to trust (``VIGIL_NATS_CREDS``, ``VIGIL_NATS_TLS_CA``).
+        subjects: the namespace the files' agents published in (``VIGIL_NAMESPACE``); another's files are refused.
 
     Raises:
         ConfigError: ``url`` is not a NATS URL, or a file of ``access`` cannot be read.
@@ -303,7 +307,9 @@ async def push(
         js = await AckInbox(nc).open()
         results = []
         for path in paths:
-            result = await upload(js, path, max_inflight=max_inflight, ack_timeout=ack_timeout, on_round=on_round)
+            result = await upload(
+                js, path, max_inflight=max_inflight, ack_timeout=ack_timeout, on_round=on_round, subjects=subjects
+            )
             on_file(result)
             results.append(result)
         return results

@@ -40,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     verify.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
     verify.add_argument("--config", help="the daemon's TOML configuration file")
     verify.add_argument("--creds", dest="nats_creds", metavar="FILE", help="a reader's credentials file")
+    verify.add_argument("--namespace", metavar="NAME", help="the namespace of that daemon (VIGIL_NAMESPACE)")
 
 
 def run(args: argparse.Namespace) -> int:

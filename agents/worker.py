@@ -116,7 +116,7 @@ class Worker:
         # Where the loop is stuck, once no step completed for two heartbeat intervals.
         self._stuck = StuckProbe(train_thread, 2 * options.heartbeat_interval)
         self._pacer = Pacer()
-        self._batcher = Batcher(source, options.batch_size, drops, self._failed)
+        self._batcher = Batcher(source, options.batch_size, drops, self._failed, options.subjects)
         # The live spill file; what is left at exit goes to a sealed file (push.SUFFIX) beside it.
         self._sealed_name = sealed_name(run_token(source.run_id), source.rank, source.pid, self._batcher.nonce)
         self._outbox = Outbox(

@@ -211,11 +211,11 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.
 async def create_stream(url: str) -> None:
     import nats
 
-    from trainvigil.schemas import STREAM_SUBJECTS
+    from trainvigil.schemas import DEFAULT_SUBJECTS
 
     nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=1)
     try:
-        await nc.jetstream().add_stream(name="VIGIL", subjects=STREAM_SUBJECTS)
+        await nc.jetstream().add_stream(name="VIGIL", subjects=DEFAULT_SUBJECTS.stream_subjects)
     finally:
         await nc.close()
 

@@ -26,7 +26,7 @@ from _procs import memory_mib, scrape, start_daemon, start_nats
 from _wait import wait_until
 from fleet import ProducerReport, _connect, _Out, _Publisher
 
-from trainvigil.schemas import Column, Envelope, Source, StepBatch, data_subject, encode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Column, Envelope, Source, StepBatch, encode
 
 _F8, _I8 = np.dtype("<f8"), np.dtype("<i8")
 
@@ -63,7 +63,7 @@ def step_message(run_id: str, rank: int, world_size: int, step: int, t: float, m
     batch = StepBatch(time=t, step=np.full(1, step, _I8).tobytes(), times=np.full(1, t, _F8).tobytes(), columns=columns)
     source = Source(run_id=run_id, rank=rank, world_size=world_size, host=f"h{rank // 8}", pid=1)
     payload = encode(Envelope(source=source, seq=step + 1, records=[batch]))
-    return _Out(data_subject(run_id, "metrics"), payload, f"{run_id}/{rank}/card/{step}", 1)
+    return _Out(DEFAULT_SUBJECTS.data(run_id, "metrics"), payload, f"{run_id}/{rank}/card/{step}", 1)
 
 
 def messages(flood: Flood, t: float) -> list[_Out]:

@@ -45,6 +45,7 @@ from typing import IO, Any
 import numpy as np
 
 from trainvigil.schemas import (
+    DEFAULT_SUBJECTS,
     Anomaly,
     Column,
     Envelope,
@@ -52,7 +53,6 @@ from trainvigil.schemas import (
     RunStart,
     Source,
     StepBatch,
-    data_subject,
     decode,
     encode,
 )
@@ -273,7 +273,7 @@ class _Rank:
             host=f"node-{g // 8:04d}",
             pid=os.getpid(),
         )
-        self.subject = data_subject(self.run_id, "metrics")
+        self.subject = DEFAULT_SUBJECTS.data(self.run_id, "metrics")
         self.id_prefix = f"{self.run_id}/{rank}/fleet/{nonce}"
         self.seq = 0
         # A fixed speed per rank, within +-2 %: the fastest rank is a little faster than the median.
@@ -357,7 +357,7 @@ async def produce(spec: FleetSpec, index: int, url: str, ready: IO[str], go: IO[
     try:
         for r in ranks:
             payload, msg_id = r.envelope([RunStart(time=time.time(), argv=["fleet"], agent_version="fleet")])
-            await pub.send(_Out(data_subject(r.run_id, "run"), payload, msg_id, 0))
+            await pub.send(_Out(DEFAULT_SUBJECTS.data(r.run_id, "run"), payload, msg_id, 0))
         if not await pub.settle(time.monotonic() + 60):
             raise RuntimeError(f"producer {index}: RunStart not acknowledged: {dict(pub.failures)}")
         print("ready", file=ready, flush=True)
@@ -367,7 +367,7 @@ async def produce(spec: FleetSpec, index: int, url: str, ready: IO[str], go: IO[
         await _publish_until(spec, order, t0, rng, pub, report)
         for r in ranks:
             payload, msg_id = r.envelope([RunEnd(time=time.time(), status="ok")])
-            await pub.send(_Out(data_subject(r.run_id, "run"), payload, msg_id, 0))
+            await pub.send(_Out(DEFAULT_SUBJECTS.data(r.run_id, "run"), payload, msg_id, 0))
         if not await pub.settle(time.monotonic() + 120):
             raise RuntimeError(f"producer {index}: not everything acknowledged: {dict(pub.failures)}")
         report.cpu_s = time.process_time() - cpu0

@@ -27,7 +27,7 @@ from _procs import scrape
 from _wait import wait_until
 
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
-from trainvigil.schemas import Anomaly, alert_subject, decode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, decode
 
 AGENT = """
 import sys, time, trainvigil
@@ -65,7 +65,7 @@ async def _watch_alerts(url: str, pages: dict[int, float], stop: threading.Event
             if isinstance(anomaly, Anomaly) and anomaly.detector == "non_finite" and anomaly.step is not None:
                 pages.setdefault(anomaly.step, time.time())
 
-    await nc.subscribe(alert_subject("normal"), cb=on_alert)
+    await nc.subscribe(DEFAULT_SUBJECTS.alert("normal"), cb=on_alert)
     while not stop.is_set():
         await asyncio.sleep(0.1)
     await nc.close()

@@ -284,7 +284,7 @@ async def serve(
                 await _with_retries(lambda: ensure_stream(js, config.stream, subjects), url, config.connect_timeout_s)
                 if config.http_port:
                     await tg.start(_serve_web, config, metrics, store)
-                alerts = Alerts(nc, config.alerts, metrics)
+                alerts = Alerts(nc, config.alerts, metrics, config.subjects)
                 if shard is None:
                     await tg.start(serve_queries, nc, store, config, metrics)
                     await tg.start(alerts.serve)
@@ -305,6 +305,7 @@ async def serve(
                     "ready",
                     nats_url=redact_url(url),
                     shard=str(shard) if shard else None,
+                    namespace=config.namespace or None,
                     stream=config.stream.name,
                     data_dir=str(config.data_dir),
                     db=str(config.db_path),

@@ -32,7 +32,7 @@ from trainvigil.schemas.settings import (
     set_path,
 )
 from trainvigil.schemas.shards import MAX_SHARDS, ShardId, parse_shard
-from trainvigil.schemas.subjects import STREAM_SUBJECTS
+from trainvigil.schemas.subjects import STREAM, Subjects
 
 _NATS_URL_KEY = "nats_url (VIGIL_NATS_URL, --nats)"
 QUERY_ROW_LIMIT = 10_000
@@ -111,7 +111,8 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The JetStream stream and the daemon's durable consumer.
 
     Attributes:
-        name: the stream's name (a shard's is ``<name>-<INDEX>``).
+        name: the stream's name (a shard's is ``<name>-<INDEX>``); left at ``VIGIL`` in a ``namespace`` N,
+            the stream is ``VIGIL_N``.
         consumer: the daemon's durable consumer (a shard's is ``<consumer>-<INDEX>``).
         duplicate_window_s: JetStream drops a message whose ``Nats-Msg-Id`` it stored this recently
             (an agent's resend); older resends are stored once by the daemon itself.
@@ -130,7 +131,7 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             stream, and raised or lowered on an existing one (nats-server moves the data).
     """
 
-    name: str = "VIGIL"
+    name: str = STREAM
     max_age_s: float = 7 * 86400.0
     max_bytes: int = 10 * 2**30
     duplicate_window_s: float = 120.0
@@ -384,6 +385,10 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             of COUNT, in its own stream (``<stream.name>-INDEX``), consumer (``<stream.consumer>-INDEX``)
             and DuckDB file; empty: one daemon owns every run (see docs/operations/cluster.md).
             Needs ``nats_url`` with a broker that partitions (``vigil shards mappings COUNT``).
+        namespace: the deployment this daemon serves on a broker that several share: it reads, stores and
+            answers only what agents and commands of the same namespace send (subjects ``N.vigil.v1.*``, stream
+            ``VIGIL_N``). 1-32 letters, digits, ``_`` and ``-``, starting with a letter or digit; empty (the
+            default): the subjects and stream of a daemon without one (see the docs' namespaces guide).
         embedded_port: the port of the bundled ``nats-server`` (and of the broker looked for first).
         embedded_host: the address the bundled ``nats-server`` listens on (``0.0.0.0``: every interface).
         embedded_auth: users and permissions on the bundled ``nats-server`` (``[agent, daemon, reader]``,
@@ -430,6 +435,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: str = "vigil-data"
     nats_url: str = ""
     shard: str = ""
+    namespace: str = ""
     embedded_port: int = 4222
     embedded_host: str = "127.0.0.1"
     embedded_auth: Literal["auto", "on", "off"] = "auto"
@@ -474,6 +480,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 _require("shard", self.shard, f"INDEX/COUNT like 0/2, 0 <= INDEX < COUNT <= {MAX_SHARDS}", False)
             rule = "given with nats_url (--nats): the bundled broker does not partition runs over shards"
             _require("shard", self.shard, rule, bool(self.nats_url))
+        Subjects(self.namespace)  # a bad namespace is refused here, naming the setting and the rule
         _port("embedded_port", self.embedded_port, lowest=1)
         _require("embedded_host", self.embedded_host, "a host name or address", bool(self.embedded_host.strip()))
         both = bool(self.embedded_tls_cert) == bool(self.embedded_tls_key)
@@ -500,30 +507,38 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return Path(self.data_dir) / "vigil.duckdb"
 
     @property
+    def subjects(self) -> Subjects:
+        """The subjects of this daemon's namespace: what it subscribes to and publishes on."""
+        return Subjects(self.namespace)
+
+    @property
     def shard_id(self) -> ShardId | None:
-        """This daemon's shard; ``None`` when it owns every run."""
-        return parse_shard(self.shard) if self.shard else None
+        """This daemon's shard (of its namespace's deployment); ``None`` when it owns every run."""
+        return parse_shard(self.shard, self.subjects) if self.shard else None
 
     @property
     def stream_subjects(self) -> list[str]:
-        """What this daemon's stream captures: every run's subjects, or its shard's partition."""
+        """What this daemon's stream captures: every run's subjects of its namespace, or its shard's partition."""
         shard = self.shard_id
-        return shard.subjects if shard is not None else list(STREAM_SUBJECTS)
+        return shard.stream_subjects if shard is not None else self.subjects.stream_subjects
 
     def for_shard(self) -> DaemonConfig:
-        """The configuration the daemon runs with: a shard's stream and consumer carry its index.
+        """The configuration the daemon runs with: the stream of its namespace, and a shard's stream and
+        consumer carry its index.
 
-        Each shard owns a stream of its own (so stream sequences stay contiguous per consumer, which
-        the ingest's exactly-once bookkeeping rests on) and its own durable consumer and offsets.
-        Unsharded: ``self``, unchanged.
+        A namespace N has a stream of its own, ``VIGIL_N``, unless ``stream.name`` names another. Each shard
+        owns a stream of its own (so stream sequences stay contiguous per consumer, which the ingest's
+        exactly-once bookkeeping rests on) and its own durable consumer and offsets. Default namespace and
+        unsharded: ``self``, unchanged.
         """
         shard = self.shard_id
-        if shard is None:
+        name = self.subjects.stream_name if self.stream.name == STREAM else self.stream.name
+        if shard is None and name == self.stream.name:
             return self
-        stream = msgspec.structs.replace(
-            self.stream, name=f"{self.stream.name}-{shard.index}", consumer=f"{self.stream.consumer}-{shard.index}"
-        )
-        return msgspec.structs.replace(self, stream=stream)
+        consumer = self.stream.consumer
+        if shard is not None:
+            name, consumer = f"{name}-{shard.index}", f"{consumer}-{shard.index}"
+        return msgspec.structs.replace(self, stream=msgspec.structs.replace(self.stream, name=name, consumer=consumer))
 
 
 def load(

@@ -21,25 +21,15 @@ from .records import (
     StepBatch,
     ThreadShare,
 )
-from .subjects import (
-    KINDS,
-    PREFIX,
-    QUERY_SUBJECT,
-    STREAM_SUBJECTS,
-    alert_subject,
-    data_subject,
-    run_token,
-)
+from .subjects import DEFAULT_SUBJECTS, KINDS, Subjects, run_token
 
 __all__ = [
+    "DEFAULT_SUBJECTS",
     "KINDS",
     "KNOWN_METRICS",
-    "PREFIX",
-    "QUERY_SUBJECT",
     "RECORD_TYPES",
     "SCHEMA_MAJOR",
     "SCHEMA_MINOR",
-    "STREAM_SUBJECTS",
     "Anomaly",
     "CanaryResult",
     "CheckpointDigest",
@@ -53,9 +43,8 @@ __all__ = [
     "RunStart",
     "Source",
     "StepBatch",
+    "Subjects",
     "ThreadShare",
-    "alert_subject",
-    "data_subject",
     "decode",
     "encode",
     "run_token",

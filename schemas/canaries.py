@@ -6,9 +6,10 @@ so it lives here, where both may import it. ``python -m <module> [--steps N] [--
 workload; ``VIGIL_FAULT=<kind>@<step>`` breaks it.
 
 ``vigil canary run`` asks a running daemon for a canary with a :class:`CanaryRequest` on
-:data:`CANARY_SUBJECT` (request/reply); the daemon answers with a :class:`CanaryAccepted` at once,
-runs the job when a slot is free, and publishes its :class:`~.records.CanaryResult` on the run's
-alert subject (``vigil.v1.alerts.<run>``), where the ``canary_failed`` alert of a failed one goes too.
+:attr:`~.subjects.Subjects.canary` (``vigil.v1.ctl.canary``, request/reply, the daemon's credentials); the
+daemon answers with a :class:`CanaryAccepted` at once, runs the job when a slot is free, and publishes its
+:class:`~.records.CanaryResult` on the run's alert subject (``vigil.v1.alerts.<run>``), where the
+``canary_failed`` alert of a failed one goes too.
 """
 
 from __future__ import annotations
@@ -17,11 +18,6 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import msgspec
-
-from .subjects import PREFIX
-
-CANARY_SUBJECT = f"{PREFIX}.ctl.canary"
-"""Request/reply: a :class:`CanaryRequest` in, a :class:`CanaryAccepted` out (the daemon's credentials)."""
 
 SCRIPT_FAULTS: tuple[str, ...] = ("nan_grad", "grad_spike", "lr_spike", "slowdown", "stall", "ckpt_corrupt", "gil")
 """Kinds any script using ``trainvigil.torch.watch()`` takes (``trainvigil.faults.KINDS``)."""
@@ -113,7 +109,6 @@ class CanaryAccepted(msgspec.Struct, frozen=True, kw_only=True):
 
 
 __all__ = [
-    "CANARY_SUBJECT",
     "CLEAN",
     "FAULT_KINDS",
     "SCRIPT_FAULTS",

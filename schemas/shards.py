@@ -19,16 +19,13 @@ Without sharding nothing here is used: subjects, stream and consumer are those o
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .canaries import CANARY_SUBJECT
-from .subjects import KINDS, PREFIX, QUERY_SUBJECT, run_token
+from .subjects import DEFAULT_SUBJECTS, KINDS, Subjects, run_token
 
 PROBE_KIND = "probe"
 """Not a record kind (no stream captures it): a sharded daemon publishes core messages on
 ``vigil.v1.<token>.probe`` at start to see the broker's partitioning at work (:func:`partition_of`)."""
-SHARDS_SUBJECT = f"{QUERY_SUBJECT}.shards"
-"""Roll call: every sharded daemon answers a request here with its :class:`ShardId` (msgpack ``[index, count]``)."""
 
 _SHARD = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
 _FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
@@ -37,23 +34,25 @@ MAX_SHARDS = 1024
 
 @dataclass(frozen=True, slots=True)
 class ShardId:
-    """Shard ``index`` of ``count`` (``0/2``, ``1/2``)."""
+    """Shard ``index`` of ``count`` (``0/2``, ``1/2``) of the deployment in ``subjects``' namespace (which two
+    ShardIds are equal does not depend on it: one deployment's shards are compared)."""
 
     index: int
     count: int
+    subjects: Subjects = field(default=DEFAULT_SUBJECTS, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
     @property
-    def subjects(self) -> list[str]:
+    def stream_subjects(self) -> list[str]:
         """What this shard's stream captures: the mapped subjects of its partition."""
-        return partition_subjects(self.index)
+        return partition_subjects(self.index, self.subjects)
 
     @property
     def query_subject(self) -> str:
         """Where this shard answers read-only SQL (the request/reply of ``vigil sql``)."""
-        return f"{QUERY_SUBJECT}.shard.{self.index}"
+        return self.subjects.shard_query(self.index)
 
     def owns(self, run_id: str) -> bool:
         """Whether the broker routes ``run_id``'s records to this shard (:func:`shard_of`)."""
@@ -61,22 +60,28 @@ class ShardId:
 
     def owner_of(self, run_id: str) -> ShardId:
         """The shard of this deployment whose stream holds ``run_id``'s records."""
-        return ShardId(shard_of(run_id, self.count), self.count)
+        return ShardId(shard_of(run_id, self.count), self.count, self.subjects)
 
     @property
     def canary_subject(self) -> str:
         """Where this shard takes canary triggers for the runs it owns (handed on by whichever shard got one)."""
-        return f"{CANARY_SUBJECT}.shard.{self.index}"
+        return self.subjects.shard_canary(self.index)
 
 
-def partition_subjects(partition: int | str = "*") -> list[str]:
+def partition_subjects(partition: int | str = "*", subjects: Subjects = DEFAULT_SUBJECTS) -> list[str]:
     """The subjects the broker's mappings put a partition's records on, one per record kind:
     ``vigil.v1.<partition>.<run>.<kind>`` (``"*"``: every partition's)."""
-    return [f"{PREFIX}.{partition}.*.{kind}" for kind in KINDS]
+    return [f"{subjects.prefix}.{partition}.*.{kind}" for kind in KINDS]
 
 
-def parse_shard(text: str) -> ShardId:
-    """``"I/N"`` as a :class:`ShardId`.
+def probe_subject(token: str, subjects: Subjects = DEFAULT_SUBJECTS) -> str:
+    """Where a sharded daemon publishes the start-up probe ``token``: ``vigil.v1.<token>.probe``, which the
+    broker's mapping turns into ``vigil.v1.<P>.<token>.probe``."""
+    return f"{subjects.prefix}.{token}.{PROBE_KIND}"
+
+
+def parse_shard(text: str, subjects: Subjects = DEFAULT_SUBJECTS) -> ShardId:
+    """``"I/N"`` as a :class:`ShardId` of the deployment in ``subjects``' namespace.
 
     Raises:
         ValueError: not ``I/N`` with ``0 <= I < N <= MAX_SHARDS``; the message says the form.
@@ -87,20 +92,22 @@ def parse_shard(text: str) -> ShardId:
     index, count = int(match.group(1)), int(match.group(2))
     if not 0 <= index < count <= MAX_SHARDS:
         raise ValueError(f"a shard INDEX/COUNT needs 0 <= INDEX < COUNT <= {MAX_SHARDS}, not {text!r}")
-    return ShardId(index, count)
+    return ShardId(index, count, subjects)
 
 
-def partition_mappings(count: int) -> dict[str, str]:
+def partition_mappings(count: int, subjects: Subjects = DEFAULT_SUBJECTS) -> dict[str, str]:
     """The broker's subject mappings that partition runs over ``count`` shards (source → destination).
 
     One mapping per record kind (and the start-up probe's), never ``vigil.v1.*.*``: that would also rewrite alerts
     (``vigil.v1.alerts.<run>``) and control requests (``vigil.v1.ctl.sql``). The same mappings must be
-    in every NATS node's configuration (``mappings { ... }``, or the account's when it has users).
+    in every NATS node's configuration (``mappings { ... }``, or the account's when it has users); those of
+    another namespace (``subjects``) go beside them, since no source subject of one matches another's.
     """
     if not 1 <= count <= MAX_SHARDS:
         raise ValueError(f"shard count must be 1..{MAX_SHARDS}, not {count}")
     kinds = (*KINDS, PROBE_KIND)
-    return {f"{PREFIX}.*.{kind}": f"{PREFIX}.{{{{partition({count},1)}}}}.{{{{wildcard(1)}}}}.{kind}" for kind in kinds}
+    prefix = subjects.prefix
+    return {f"{prefix}.*.{kind}": f"{prefix}.{{{{partition({count},1)}}}}.{{{{wildcard(1)}}}}.{kind}" for kind in kinds}
 
 
 def partition_of(token: str, count: int) -> int:

@@ -18,16 +18,19 @@ from nats.aio.client import Client as NATS
 from trainvigil.daemon.alerts.webhook import WebhookSink
 from trainvigil.daemon.config import AlertsConfig
 from trainvigil.daemon.metrics import DaemonMetrics
-from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, encode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Envelope, Source, Subjects, encode
 
 log = structlog.get_logger("trainvigil.alerts")
 
 
 class Alerts:
-    """The alert stage of one daemon."""
+    """The alert stage of one daemon, publishing on ``subjects``' alert subjects."""
 
-    def __init__(self, nc: NATS, config: AlertsConfig, metrics: DaemonMetrics) -> None:
+    def __init__(
+        self, nc: NATS, config: AlertsConfig, metrics: DaemonMetrics, subjects: Subjects = DEFAULT_SUBJECTS
+    ) -> None:
         self.nc = nc
+        self.subjects = subjects
         self.metrics = metrics
         self.webhook = WebhookSink(config, metrics) if config.webhook_url else None
 
@@ -45,7 +48,7 @@ class Alerts:
             self.metrics.anomalies[anomaly.detector, anomaly.severity, anomaly.state] += 1
             envelope = Envelope(source=Source(run_id=anomaly.run_id, rank=anomaly.rank), records=[anomaly])
             try:
-                await self.nc.publish(alert_subject(anomaly.run_id), encode(envelope))
+                await self.nc.publish(self.subjects.alert(anomaly.run_id), encode(envelope))
             except nats.errors.Error as exc:
                 log.warning("alert_publish_failed", error=repr(exc), episode=anomaly.episode)
             if self.webhook is not None:

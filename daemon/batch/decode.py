@@ -9,8 +9,8 @@ Every stream message is an agent's, so a record carries the authority of whoever
   canary verdicts) is refused whole, and noted in ``IngestBatch.forged`` (ingest pages once per run).
 - ``run_mismatch``: the envelope's ``source.run_id`` must be the run whose subject it came on
   (``run_token(run_id)`` is the subject's run token, in ``vigil.v1.<run>.<kind>`` and a shard's
-  ``vigil.v1.<P>.<run>.<kind>`` alike), so one run's credentials-holder cannot write another's history
-  from its own subject; broker permissions per subject then say who may write which run.
+  ``vigil.v1.<P>.<run>.<kind>`` alike, a namespace in front or not), so one run's credentials-holder cannot
+  write another's history from its own subject; broker permissions per subject then say who may write which run.
 """
 
 from __future__ import annotations
@@ -190,9 +190,10 @@ def step_columns(source: Source, batch: StepBatch) -> StepColumns:
 
 def subject_run(subject: str) -> str:
     """The run token of a data subject: ``vigil.v1.<run>.<kind>``, or a shard's ``vigil.v1.<P>.<run>.<kind>``
-    (the broker's mapping puts the partition in front); "" for anything else."""
+    (the broker's mapping puts the partition in front), each with a namespace in front or not; "" for
+    anything else."""
     parts = subject.split(".")
-    return parts[-2] if len(parts) in (4, 5) else ""
+    return parts[-2] if 4 <= len(parts) <= 6 else ""
 
 
 def _refuse_forgery(batch: IngestBatch, envelope: Envelope, subject: str, token: str) -> None:
@@ -222,7 +223,7 @@ def _add_records(batch: IngestBatch, envelope: Envelope, subject: str) -> None:
     if run_token(source.run_id) != token:
         raise WireError(
             f"an envelope of run {source.run_id!r} came on {subject}, a subject of run token {token!r}: a run's"
-            f" records go on vigil.v1.{run_token(source.run_id)}.<kind> only",
+            f" records go on subjects of its own run token, {run_token(source.run_id)}, only",
             reason="run_mismatch",
         )
     # Check every step batch before taking anything, so a bad message is dead-lettered whole.

@@ -15,6 +15,9 @@ Three roles, one NATS account (``VIGIL``, with JetStream):
 Deny beats allow in nats-server, so an agent's ``vigil.v1.*.run`` can never reach a control or
 alert subject even though ``*`` would match ``ctl`` or ``alerts``.
 
+In a namespace N (``vigil up --auth --namespace N``, ``vigil auth DIR --namespace N``) every subject above
+is N's (``N.vigil.v1.<run>.<kind>``...): its agents and readers reach nothing of another namespace.
+
 Every agent of the one ``agent`` user may publish any run's records and read every agent's acks (the
 server grants per user). Teams that must not share that get agents limited to their own runs:
 ``vigil auth DIR --team NAME=RUN[,RUN...]`` writes a user ``agent-NAME`` (``DIR/agent-NAME.toml``) that may
@@ -43,10 +46,9 @@ from typing import Any
 
 from trainvigil.daemon.broker.teams import TEAMS_FILE, Team, read_teams, teams_text
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import KINDS, PREFIX, QUERY_SUBJECT, STREAM_SUBJECTS
 from trainvigil.schemas.credentials import Credentials, credentials_text, inbox_prefix, read_credentials
 from trainvigil.schemas.shards import partition_mappings, partition_subjects
-from trainvigil.schemas.subjects import run_token
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, KINDS, Subjects, run_token
 
 ACCOUNT = "VIGIL"
 ROLES = ("agent", "daemon", "reader")
@@ -64,28 +66,34 @@ def credentials_file(directory: Path, role: str) -> Path:
 
 
 def permissions(
-    role: str, user: str, *, sharded: bool = False, runs: Sequence[str] | None = None
+    role: str,
+    user: str,
+    *,
+    sharded: bool = False,
+    runs: Sequence[str] | None = None,
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> dict[str, Any] | None:
-    """The nats-server permissions of ``role`` (``None``: everything, the daemon's).
+    """The nats-server permissions of ``role`` (``None``: everything, the daemon's) on ``subjects``' namespace.
 
     ``sharded``: the account maps runs to shards. nats-server checks a publish against the subject
     after mapping too, so an agent then also needs the partitioned subjects (``vigil.v1.<P>.<run>.<kind>``).
     ``runs``: an agent limited to these runs (a team's, see the module's docstring); ``None``: every run.
     """
     inbox = f"{inbox_prefix(user)}.>"
+    prefix = subjects.prefix
     if role == "agent":
         if runs is None:
-            allow = [*STREAM_SUBJECTS, *(partition_subjects() if sharded else ())]
+            allow = [*subjects.stream_subjects, *(partition_subjects(subjects=subjects) if sharded else ())]
         else:
             tokens = list(dict.fromkeys(run_token(run) for run in runs))
-            allow = [f"{PREFIX}.{token}.{kind}" for token in tokens for kind in KINDS]
-            allow += [f"{PREFIX}.*.{token}.{kind}" for token in tokens for kind in KINDS] if sharded else []
-        publish = {"allow": allow, "deny": [f"{PREFIX}.alerts.>", f"{PREFIX}.ctl.>"]}
+            allow = [f"{prefix}.{token}.{kind}" for token in tokens for kind in KINDS]
+            allow += [f"{prefix}.*.{token}.{kind}" for token in tokens for kind in KINDS] if sharded else []
+        publish = {"allow": allow, "deny": [subjects.alerts, subjects.control]}
         return {"publish": publish, "subscribe": {"allow": [inbox]}}
     if role == "reader":
         # The query subject, and under it the shards' roll call and their own query subjects.
-        publish = {"allow": [QUERY_SUBJECT, f"{QUERY_SUBJECT}.>"]}
-        return {"publish": publish, "subscribe": {"allow": [f"{PREFIX}.alerts.>", inbox]}}
+        publish = {"allow": [subjects.query, f"{subjects.query}.>"]}
+        return {"publish": publish, "subscribe": {"allow": [subjects.alerts, inbox]}}
     if role == "daemon":
         return None
     raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
@@ -96,10 +104,12 @@ def server_config(
     tls: tuple[Path, Path] | None = None,
     shards: int | None = None,
     teams: Sequence[tuple[Team, Credentials]] = (),
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> str:
     """The nats-server configuration of these users (role → credentials), and TLS with (cert, key) when given.
 
-    ``teams``: agents limited to their runs, each team with its user's credentials.
+    ``teams``: agents limited to their runs, each team with its user's credentials. ``subjects``: the
+    namespace the agents and readers are granted (the daemon's user may do anything in the account).
 
     ``shards``: the subject mappings that partition runs over that many daemon shards
     (``vigil up --shard I/N``), in the account with the users (mappings are per account), else at the top.
@@ -109,8 +119,13 @@ def server_config(
     (compose.yaml) run the same file. nats-server reads JSON as its own format.
     """
     sharded = shards is not None
-    granted = [(creds, permissions(role, creds.user, sharded=sharded)) for role, creds in users.items()]
-    granted += [(creds, permissions("agent", creds.user, sharded=sharded, runs=team.runs)) for team, creds in teams]
+    granted = [
+        (creds, permissions(role, creds.user, sharded=sharded, subjects=subjects)) for role, creds in users.items()
+    ]
+    granted += [
+        (creds, permissions("agent", creds.user, sharded=sharded, runs=team.runs, subjects=subjects))
+        for team, creds in teams
+    ]
     entries = []
     for creds, allowed in granted:
         entry: dict[str, Any] = {"user": creds.user, "password": creds.password}
@@ -119,7 +134,7 @@ def server_config(
         entries.append(entry)
     config: dict[str, Any] = {"accounts": {ACCOUNT: {"jetstream": "enabled", "users": entries}}} if entries else {}
     if shards is not None:
-        (config["accounts"][ACCOUNT] if entries else config)["mappings"] = partition_mappings(shards)
+        (config["accounts"][ACCOUNT] if entries else config)["mappings"] = partition_mappings(shards, subjects)
     if tls is not None:
         config["tls"] = {"cert_file": str(tls[0]), "key_file": str(tls[1]), "timeout": 5}
     header = "# Written by trainvigil (daemon/broker/auth.py) from the credentials files beside it; edits are lost.\n"
@@ -195,10 +210,11 @@ def prepare(
     users: bool = True,
     shards: int | None = None,
     teams: Sequence[Team] = (),
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> Path:
     """The users of :func:`ensure_users` and the teams of :func:`ensure_teams` (unless not ``users``) and the
-    server configuration enforcing them (and TLS with (cert, key) when given, and the mappings for ``shards``
-    daemon shards); returns its path.
+    server configuration enforcing them on ``subjects``' namespace (and TLS with (cert, key) when given, and
+    the mappings for ``shards`` daemon shards); returns its path.
 
     Raises:
         ConfigError: ``directory`` or a file in it cannot be written, or a credentials or teams file there
@@ -208,7 +224,7 @@ def prepare(
     try:
         _private_dir(directory)
         roles, granted = (ensure_users(directory), ensure_teams(directory, teams)) if users else ({}, [])
-        write_private(path, server_config(roles, tls, shards, granted))
+        write_private(path, server_config(roles, tls, shards, granted, subjects))
     except OSError as exc:
         raise ConfigError(f"cannot write the bus's users in {directory}: {exc.strerror or exc}") from None
     return path

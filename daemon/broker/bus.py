@@ -71,7 +71,8 @@ def embedded_setup(config: DaemonConfig) -> EmbeddedSetup:
         log.warning("bus_without_tls", host=open_to, note="passwords and metrics cross the network in clear text")
     if not auth and tls is None:
         return EmbeddedSetup(None, "nats")
-    return EmbeddedSetup(prepare(auth_dir(config), tls, users=auth), "tls" if tls else "nats")
+    setup = prepare(auth_dir(config), tls, users=auth, subjects=config.subjects)
+    return EmbeddedSetup(setup, "tls" if tls else "nats")
 
 
 def access(config: DaemonConfig, role: str) -> BusAccess:

@@ -2,8 +2,9 @@
 
 Two daemons on one durable consumer split its messages between them: each stores some runs' steps, the
 other sees the gaps as ``data_loss`` (evicted), and each start rebinds the consumer under the other. So
-every daemon answers :data:`HOLDERS_SUBJECT` with a :class:`Holder` (host, pid, data dir, start time, its
-stream and consumer), and before it touches the stream a starting daemon asks there and refuses to start
+every daemon answers on its namespace's holders subject (``vigil.v1.ctl.sql.daemons``,
+:attr:`~trainvigil.schemas.subjects.Subjects.holders`) with a :class:`Holder` (host, pid, data dir, start time,
+its stream and consumer), and before it touches the stream a starting daemon asks there and refuses to start
 when another one holds its stream and consumer (:class:`ConsumerHeldError`). Shards hold a stream and
 consumer each (``<name>-INDEX``), so shards of one deployment never clash, two daemons of one index do.
 
@@ -15,6 +16,9 @@ Daemons starting at the same moment see each other too: each asks with its own :
 starting daemon notes both the answers and the requests it gets. Whatever the order of their
 subscriptions, at least one sees the other; of two that are both starting, the earlier start
 (:meth:`Holder.rank`) goes on and the other refuses, and one that sees a holder already running refuses.
+
+The question is asked in the daemon's namespace: daemons of other namespaces on the broker never see it,
+and run side by side (each with its own stream); two of one namespace are refused as above.
 
 ``vigil sql`` asks the same subject (a reader may publish under the query subject) to say which data
 dir answered (:func:`unsharded_holder`).
@@ -42,13 +46,11 @@ from trainvigil.daemon.broker.replies import Replies
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.redact import redact_url
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 log = structlog.get_logger("trainvigil.holders")
 
-HOLDERS_SUBJECT = f"{QUERY_SUBJECT}.daemons"
-"""Every daemon answers here with its :class:`Holder`."""
 LOOK_S = 0.5
 """How long a starting daemon collects answers: a daemon that is up answers within a round trip."""
 RECHECK_S = (10.0, 2.0)
@@ -58,7 +60,7 @@ holders the later (:meth:`Holder.rank`) stops."""
 
 
 class Holder(msgspec.Struct, frozen=True, kw_only=True):
-    """A daemon, as it names itself on :data:`HOLDERS_SUBJECT` (every field has a default: a request
+    """A daemon, as it names itself on its namespace's holders subject (every field has a default: a request
     from ``vigil sql`` carries none)."""
 
     stream: str = ""
@@ -127,10 +129,15 @@ def this_daemon(config: DaemonConfig) -> Holder:
 
 
 async def ask(
-    nc: NATS, me: Holder | None = None, look_s: float = LOOK_S, *, until: Callable[[Holder], bool] | None = None
+    nc: NATS,
+    me: Holder | None = None,
+    look_s: float = LOOK_S,
+    *,
+    until: Callable[[Holder], bool] | None = None,
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> list[Holder]:
-    """The daemons that answer on ``nc`` within ``look_s`` (or until one answers that ``until`` accepts),
-    ``me`` left out.
+    """The daemons of ``subjects``' namespace that answer on ``nc`` within ``look_s`` (or until one answers
+    that ``until`` accepts), ``me`` left out.
 
     ``me`` travels with the request, so daemons that are starting themselves see this one too.
     """
@@ -138,7 +145,7 @@ async def ask(
     sub = await nc.subscribe(inbox)
     found: list[Holder] = []
     try:
-        await nc.publish(HOLDERS_SUBJECT, _encoder.encode(me) if me is not None else b"", reply=inbox)
+        await nc.publish(subjects.holders, _encoder.encode(me) if me is not None else b"", reply=inbox)
         with anyio.move_on_after(look_s):
             async for msg in sub.messages:
                 holder = _decode(msg.data)
@@ -152,10 +159,10 @@ async def ask(
     return found
 
 
-async def unsharded_holder(nc: NATS, look_s: float = 1.0) -> Holder | None:
-    """The unsharded daemon that answers who it is (the one that answers ``vigil sql`` on the query subject),
-    or ``None`` (none answers, or only a daemon older than this question)."""
-    found = await ask(nc, look_s=look_s, until=lambda h: not h.shard)
+async def unsharded_holder(nc: NATS, look_s: float = 1.0, subjects: Subjects = DEFAULT_SUBJECTS) -> Holder | None:
+    """The unsharded daemon of ``subjects``' namespace that answers who it is (the one that answers ``vigil sql``
+    on the query subject), or ``None`` (none answers, or only a daemon older than this question)."""
+    found = await ask(nc, look_s=look_s, until=lambda h: not h.shard, subjects=subjects)
     return next((h for h in found if not h.shard), None)
 
 
@@ -184,7 +191,7 @@ def _refusal(me: Holder, rival: Holder, url: str) -> ConsumerHeldError:
 
 
 class _Claim:
-    """A daemon's answer to :data:`HOLDERS_SUBJECT`, and the rivals it saw while starting."""
+    """A daemon's answer on its namespace's holders subject, and the rivals it saw while starting."""
 
     def __init__(self, nc: NATS, me: Holder, metrics: DaemonMetrics) -> None:
         self.nc = nc
@@ -222,10 +229,11 @@ async def hold(
             another one turned out to hold them since before this one.
     """
     claim = _Claim(nc, this_daemon(config), metrics)
-    sub = await nc.subscribe(HOLDERS_SUBJECT, cb=claim.on_request)
+    subjects = config.subjects
+    sub = await nc.subscribe(subjects.holders, cb=claim.on_request)
     try:
         await nc.flush()  # subscribed before asking: a daemon asking from now on finds this one
-        claim.seen += await ask(nc, claim.me, look_s)
+        claim.seen += await ask(nc, claim.me, look_s, subjects=subjects)
         if rival := _rival(claim.me, claim.seen):
             raise _refusal(claim.me, rival, url)
         claim.me = msgspec.structs.replace(claim.me, holding=True)
@@ -235,7 +243,7 @@ async def hold(
         while True:
             await anyio.sleep(every)
             try:
-                seen = await ask(nc, claim.me, look_again_s)
+                seen = await ask(nc, claim.me, look_again_s, subjects=subjects)
             except nats.errors.Error as exc:  # the broker is away (reconnecting): ask next time
                 log.debug("holders_not_asked", error=repr(exc))
                 continue

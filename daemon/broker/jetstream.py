@@ -16,13 +16,13 @@ from nats.js.errors import APIError, NotFoundError
 
 from trainvigil.daemon.config import StreamConfig
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import STREAM_SUBJECTS
+from trainvigil.schemas import DEFAULT_SUBJECTS
 
 log = structlog.get_logger("trainvigil.jetstream")
 
 
 async def ensure_stream(
-    js: JetStreamContext, cfg: StreamConfig, subjects: Sequence[str] = STREAM_SUBJECTS
+    js: JetStreamContext, cfg: StreamConfig, subjects: Sequence[str] = DEFAULT_SUBJECTS.stream_subjects
 ) -> api.StreamInfo:
     """The stream with ``subjects`` (every run's, or one shard's partition) and ``cfg``'s limits and
     replicas, created or updated to match."""
@@ -101,7 +101,7 @@ def _storage_refusal(cfg: StreamConfig) -> Iterator[None]:
 
 
 async def restore_stream(
-    js: JetStreamContext, cfg: StreamConfig, subjects: Sequence[str] = STREAM_SUBJECTS
+    js: JetStreamContext, cfg: StreamConfig, subjects: Sequence[str] = DEFAULT_SUBJECTS.stream_subjects
 ) -> api.StreamInfo:
     """The stream's info; a stream that is gone is created again at once, with an error in the log.
 

@@ -22,9 +22,8 @@ from nats.aio.msg import Msg
 from trainvigil.daemon.broker.replies import Replies
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import PREFIX
 from trainvigil.schemas.redact import redact_url
-from trainvigil.schemas.shards import PROBE_KIND, SHARDS_SUBJECT, ShardId, partition_of
+from trainvigil.schemas.shards import PROBE_KIND, ShardId, partition_of, probe_subject
 
 log = structlog.get_logger("trainvigil.shards")
 
@@ -50,9 +49,9 @@ async def check_partitioning(nc: NATS, shard: ShardId, url: str, timeout: float 
     tokens = _probe_tokens()
 
     async def on_probe(msg: Msg) -> None:
-        parts = msg.subject.split(".")
+        parts = msg.subject.split(".")  # <prefix>.<partition>.<token>.probe
         with contextlib.suppress(ValueError, IndexError):
-            seen[parts[3]] = int(parts[2])
+            seen[parts[-2]] = int(parts[-3])
         if len(seen) >= len(tokens):
             done.set()
 
@@ -60,13 +59,14 @@ async def check_partitioning(nc: NATS, shard: ShardId, url: str, timeout: float 
         unmapped.append(msg.subject)
         done.set()
 
+    prefix = shard.subjects.prefix
     subs = [
-        await nc.subscribe(f"{PREFIX}.*.*.{PROBE_KIND}", cb=on_probe),
-        await nc.subscribe(f"{PREFIX}.*.{PROBE_KIND}", cb=on_unmapped),
+        await nc.subscribe(f"{prefix}.*.*.{PROBE_KIND}", cb=on_probe),
+        await nc.subscribe(probe_subject("*", shard.subjects), cb=on_unmapped),
     ]
     try:
         for token in tokens:
-            await nc.publish(f"{PREFIX}.{token}.{PROBE_KIND}", b"")
+            await nc.publish(probe_subject(token, shard.subjects), b"")
         await nc.flush()
         with anyio.move_on_after(timeout):
             await done.wait()
@@ -103,7 +103,7 @@ async def answer_roll_call(
 ) -> None:
     """Answer every roll call with ``[index, count]`` until cancelled, so ``vigil sql`` learns N from
     any shard that is up and can name the ones that are not (in an asker's inbox only, see :mod:`.replies`)."""
-    sub = await nc.subscribe(SHARDS_SUBJECT)
+    sub = await nc.subscribe(shard.subjects.roll_call)
     replies = Replies(nc, metrics, "roll_call")
     answer = _encoder.encode([shard.index, shard.count])
     task_status.started()

@@ -38,7 +38,7 @@ from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import StoreUnavailableError
-from trainvigil.schemas import Anomaly, CanaryResult, Envelope, Source, alert_subject, encode
+from trainvigil.schemas import Anomaly, CanaryResult, Envelope, Source, encode
 
 log = structlog.get_logger("trainvigil.canary")
 
@@ -212,7 +212,7 @@ class Runner:
         await self.alerts.publish(alerts)
         envelope = Envelope(source=Source(run_id=plan.run_id), records=[result])
         try:
-            await self.nc.publish(alert_subject(plan.run_id), encode(envelope))
+            await self.nc.publish(self.config.subjects.alert(plan.run_id), encode(envelope))
         except nats.errors.Error as exc:  # closed on shutdown: the verdict is stored all the same
             log.debug("canary_result_unpublished", run_id=plan.run_id, error=repr(exc))
         prune(self.log_dir, self.config.canary.keep_logs)

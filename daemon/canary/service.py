@@ -42,7 +42,7 @@ from trainvigil.daemon.canary.verdict import Ending, Evidence
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.writer import Store
-from trainvigil.schemas.canaries import CANARY_SUBJECT, CanaryAccepted, CanaryRequest
+from trainvigil.schemas.canaries import CanaryAccepted, CanaryRequest
 from trainvigil.schemas.shards import ShardId
 
 log = structlog.get_logger("trainvigil.canary")
@@ -61,6 +61,8 @@ class Canaries:
     ) -> None:
         self.nc, self.config = nc, config
         self.shard = config.shard_id
+        self.subject = config.subjects.canary
+        """Where every daemon of the namespace (every shard) takes triggers."""
         self.runner = Runner(nc, store, config, metrics, alerts, nats_url)
         self.slots = anyio.Semaphore(config.canary.concurrency)
         self.active: set[str] = set()
@@ -71,7 +73,7 @@ class Canaries:
         cfg = self.config.canary
         for fault, at, passed in await self.runner.read(ev.latest_verdicts):  # /metrics survives a restart
             self.runner.metrics.canary_last[fault] = (at, passed)
-        subs = [await self.nc.subscribe(CANARY_SUBJECT, queue="vigil-canary")]
+        subs = [await self.nc.subscribe(self.subject, queue="vigil-canary")]
         if self.shard is not None:
             subs.append(await self.nc.subscribe(self.shard.canary_subject, queue="vigil-canary"))
         try:
@@ -150,7 +152,7 @@ class Canaries:
     def _owner_elsewhere(self, msg: Msg) -> ShardId | None:
         """The shard to hand a trigger on to: the owner of its run when that is another shard and the trigger came on
         the subject every shard shares; ``None`` to answer it here (unsharded, owned here, or not a request at all)."""
-        if self.shard is None or msg.subject != CANARY_SUBJECT:
+        if self.shard is None or msg.subject != self.subject:
             return None
         try:
             run_id = run_id_of(_request_decoder.decode(msg.data).id)
@@ -184,7 +186,7 @@ class Canaries:
             if self.shard is not None and not self.shard.owns(run_id):
                 raise CanaryPlanError(
                     f"the run {run_id} belongs to shard {self.shard.owner_of(run_id)}, not {self.shard}: "
-                    f"send the trigger to {CANARY_SUBJECT}"
+                    f"send the trigger to {self.subject}"
                 )
             if run_id in self.active or await self.runner.read(ev.known_run, run_id):
                 raise CanaryPlanError(f"the run id {run_id} is taken; send another id")

@@ -15,24 +15,25 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from trainvigil.daemon.cli.sqlclient import _Connection
     from trainvigil.daemon.config import DaemonConfig
+    from trainvigil.schemas.subjects import Subjects
 
 T = TypeVar("T")
 Work = Callable[["_Connection", str], Awaitable[T]]
 """The work, given a connection to a broker a daemon answers on, and that broker's URL."""
-Probe = Callable[["_Connection", str], Awaitable[bool]]
-"""Whether a daemon answers on the connection (for what the work needs of it)."""
+Probe = Callable[["_Connection", str, "Subjects"], Awaitable[bool]]
+"""Whether a daemon of the namespace answers on the connection (for what the work needs of it)."""
 
 
 def _say(text: str) -> None:
     print(f"vigil: {text}", file=sys.stderr, flush=True)
 
 
-async def answers_sql(conn: _Connection, url: str) -> bool:
-    """Whether a daemon answers read-only queries on ``conn``."""
+async def answers_sql(conn: _Connection, url: str, subjects: Subjects) -> bool:
+    """Whether a daemon of ``subjects``' namespace answers read-only queries on ``conn``."""
     from trainvigil.daemon.cli.sqlclient import _ask
     from trainvigil.schemas.query import QueryRequest
 
-    return await _ask(conn, url, QueryRequest(sql="SELECT 1"), 10) is not None
+    return await _ask(conn, url, QueryRequest(sql="SELECT 1"), 10, subjects.query) is not None
 
 
 async def with_daemon(
@@ -44,7 +45,8 @@ async def with_daemon(
     interrupted: str = "interrupted before the work was done",
     before_start: Callable[[], None] = lambda: None,
 ) -> T:
-    """``work`` against the daemon at ``config``'s broker, or against one started here for its duration.
+    """``work`` against the daemon of ``config``'s namespace at its broker, or against one started here for its
+    duration.
 
     Args:
         role: whose credentials connect (``access(config, role)``).
@@ -71,8 +73,8 @@ async def with_daemon(
     conn = await _connect(url, access(config, role))
     if conn is not None and conn.nc is not None:
         try:
-            if await answers(conn, url):
-                if note := await data_dir_note(conn, url, config.data_dir):
+            if await answers(conn, url, config.subjects):
+                if note := await data_dir_note(conn, url, config.data_dir, config.subjects):
                     _say(note)
                 return await work(conn, url)
         finally:

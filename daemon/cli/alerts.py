@@ -11,7 +11,7 @@ from typing import TextIO
 from trainvigil.daemon.alerts.format import as_json, as_result, summary
 from trainvigil.daemon.formatting import render, terminal_safe
 from trainvigil.errors import ConfigError, DaemonUnavailableError, WireError
-from trainvigil.schemas import PREFIX, Anomaly, alert_subject, decode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Subjects, decode
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
 from trainvigil.schemas.natsurl import parse_nats_url
@@ -35,7 +35,7 @@ def format_update(anomaly: Anomaly, fmt: str) -> str:
     return terminal_safe(summary(anomaly)) + "\n"
 
 
-async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: BusAccess) -> None:
+async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: BusAccess, subjects: Subjects) -> None:
     async def disconnected() -> None:
         print("vigil: lost the broker; reconnecting", file=sys.stderr, flush=True)
 
@@ -49,7 +49,7 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: B
         if exc.refused:
             raise ConfigError(str(exc), key="nats_creds") from None
         raise DaemonUnavailableError(f"no broker answered at {parsed}; start `vigil up` or pass --nats URL") from None
-    subject = alert_subject(run_id) if run_id is not None else f"{PREFIX}.alerts.>"
+    subject = subjects.alert(run_id) if run_id is not None else subjects.alerts
     try:
         sub = await nc.subscribe(subject)
         await nc.flush()
@@ -73,11 +73,19 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: B
         await nc.close()
 
 
-def follow(url: str, run_id: str | None, fmt: str, out: TextIO = sys.stdout, access: BusAccess = ANONYMOUS) -> None:
-    """Print every alert update published on the broker at ``url`` until Ctrl-C.
+def follow(
+    url: str,
+    run_id: str | None,
+    fmt: str,
+    out: TextIO = sys.stdout,
+    access: BusAccess = ANONYMOUS,
+    subjects: Subjects = DEFAULT_SUBJECTS,
+) -> None:
+    """Print every alert update of ``subjects``' namespace published on the broker at ``url`` until Ctrl-C.
 
     Args:
         access: a reader's credentials and the CA to trust.
+        subjects: the namespace whose alerts to follow (another's are never seen).
 
     Raises:
         ConfigError: ``url`` is not a NATS URL, or the broker turned these credentials away.
@@ -86,4 +94,4 @@ def follow(url: str, run_id: str | None, fmt: str, out: TextIO = sys.stdout, acc
     # A shell script's background job (`vigil alerts --follow &`) starts with SIGINT ignored, and Python then
     # keeps ignoring it: Ctrl-C (or `kill -INT`) must still end the follow.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    asyncio.run(_follow(url, run_id, fmt, out, access))
+    asyncio.run(_follow(url, run_id, fmt, out, access, subjects))

@@ -229,9 +229,9 @@ def run(args: argparse.Namespace) -> int:
     import anyio.to_thread
     import msgspec
 
-    from trainvigil.daemon import config as config_mod
     from trainvigil.daemon.broker.bus import access
     from trainvigil.daemon.cli import _optim_report
+    from trainvigil.daemon.cli._config import command_config
     from trainvigil.daemon.cli._with_daemon import with_daemon
     from trainvigil.daemon.cli.sqlclient import _ask
     from trainvigil.daemon.formatting import render
@@ -253,20 +253,24 @@ def run(args: argparse.Namespace) -> int:
         # Once, before any thread starts: starting or stopping it while threads allocate crashes
         # CPython before 3.12.9 (gh-128679). Each run reads its own peak (tracemalloc.reset_peak).
         tracemalloc.start()
-    overrides = {"data_dir": args.data_dir, "nats_url": args.nats_url, "nats_creds": args.nats_creds}
-    cfg = config_mod.load(args.config, overrides)
+    cfg = command_config(args)
     agent = access(cfg, "agent")
 
     async def work(conn: _Connection, url: str) -> tuple[list[OptimResult], Any]:
         async def query(sql: str) -> list[list[Any]]:
-            answer = await _ask(conn, url, QueryRequest(sql=sql), 30)
+            answer = await _ask(conn, url, QueryRequest(sql=sql), 30, cfg.subjects.query)
             if answer is None or answer.error:
                 raise QueryError(
                     f"the daemon at {redact_url(url)} did not answer {sql!r}: {answer.error if answer else 'gone'}"
                 )
             return answer.rows
 
-        the_plan.agent = {"nats_url": url, "nats_creds": agent.creds, "nats_tls_ca": agent.tls_ca}
+        the_plan.agent = {
+            "nats_url": url,
+            "nats_creds": agent.creds,
+            "nats_tls_ca": agent.tls_ca,
+            "namespace": cfg.namespace,
+        }
         return await anyio.to_thread.run_sync(execute, the_plan, lambda sql: anyio.from_thread.run(query, sql))
 
     results, curves = anyio.run(with_daemon, cfg, "daemon", work, backend="asyncio")

@@ -24,10 +24,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from trainvigil.daemon.cli._config import add_namespace, command_config
 from trainvigil.daemon.cli._exits import EXIT_OK, EXIT_QUERY
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, WORKLOADS
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import did_you_mean
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -99,6 +101,7 @@ def daemon_args(parser: argparse.ArgumentParser, creds: str) -> None:
     parser.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
     parser.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     parser.add_argument("--creds", dest="nats_creds", metavar="FILE", help=creds)
+    add_namespace(parser)
 
 
 def list_sql(last: int) -> str:
@@ -178,9 +181,11 @@ def _say(text: str) -> None:
 class _Follower:
     """The canaries of one ``run``: what was accepted, what their runs raised, their verdicts."""
 
-    def __init__(self) -> None:
+    def __init__(self, subjects: Subjects = DEFAULT_SUBJECTS) -> None:
         import anyio
 
+        self.subjects = subjects
+        """The namespace's subjects the canaries are asked for and followed on."""
         self.accepted: dict[str, CanaryAccepted] = {}
         self.results: dict[str, CanaryResult] = {}
         self.steps: dict[str, int] = {}
@@ -227,14 +232,14 @@ async def _last_steps(nc: NATS, follower: _Follower, pending: list[str]) -> list
     import nats.errors
 
     from trainvigil.daemon.cli.shardsql import roll_call
-    from trainvigil.schemas import QUERY_SUBJECT
     from trainvigil.schemas.shards import ShardId, shard_of
 
+    subjects = follower.subjects
     if follower.shards is None:
         try:
-            return await _steps_of(nc, QUERY_SUBJECT, pending)
+            return await _steps_of(nc, subjects.query, pending)
         except nats.errors.NoRespondersError:
-            called = await roll_call(nc)
+            called = await roll_call(nc, subjects=subjects)
             if called is None:
                 raise
             follower.shards = called[0]
@@ -244,7 +249,7 @@ async def _last_steps(nc: NATS, follower: _Follower, pending: list[str]) -> list
         owners.setdefault(shard_of(run_id, count), []).append(run_id)
     rows: list[list[Any]] = []
     for index, run_ids in owners.items():
-        rows += await _steps_of(nc, ShardId(index, count).query_subject, run_ids)
+        rows += await _steps_of(nc, ShardId(index, count, subjects).query_subject, run_ids)
     return rows
 
 
@@ -268,8 +273,9 @@ async def _progress(nc: NATS, follower: _Follower) -> bool:
     return True
 
 
-async def drive(nc: NATS, url: str, asks: list[CanaryRequest]) -> list[CanaryResult]:
-    """Ask the daemon on ``nc`` for every canary in ``asks``, follow them, and return their verdicts.
+async def drive(nc: NATS, url: str, asks: list[CanaryRequest], subjects: Subjects) -> list[CanaryResult]:
+    """Ask the daemon of ``subjects``' namespace on ``nc`` for every canary in ``asks``, follow them, and return
+    their verdicts.
 
     Raises:
         ConfigError: the daemon refused a canary (an unknown fault or workload).
@@ -279,14 +285,13 @@ async def drive(nc: NATS, url: str, asks: list[CanaryRequest]) -> list[CanaryRes
     import msgspec
 
     from trainvigil.errors import ConfigError, DaemonUnavailableError
-    from trainvigil.schemas import alert_subject
-    from trainvigil.schemas.canaries import CANARY_SUBJECT, CanaryAccepted
+    from trainvigil.schemas.canaries import CanaryAccepted
 
-    follower = _Follower()
+    follower = _Follower(subjects)
     for ask in asks:
         run_id = f"canary-{ask.id}"
-        await nc.subscribe(alert_subject(run_id), cb=follower.on_message)
-        reply = await nc.request(CANARY_SUBJECT, msgspec.msgpack.encode(ask), timeout=10)
+        await nc.subscribe(subjects.alert(run_id), cb=follower.on_message)
+        reply = await nc.request(subjects.canary, msgspec.msgpack.encode(ask), timeout=10)
         accepted = msgspec.msgpack.decode(reply.data, type=CanaryAccepted)
         if accepted.error:
             raise ConfigError(f"the daemon at {redact_url(url)} refused the canary: {accepted.error}", key="fault")
@@ -328,7 +333,7 @@ def report(results: list[CanaryResult], fmt: str) -> str:
     return render(QueryResult(columns=list(RESULT_COLUMNS), rows=[_row(r) for r in results]), "table")
 
 
-async def _daemon_answers(conn: _Connection, url: str) -> bool:
+async def _daemon_answers(conn: _Connection, url: str, subjects: Subjects) -> bool:
     """Whether a daemon listens for canary triggers on ``conn`` (an empty request: it answers with an error).
 
     Raises:
@@ -337,11 +342,10 @@ async def _daemon_answers(conn: _Connection, url: str) -> bool:
     import nats.errors
 
     from trainvigil.errors import ConfigError
-    from trainvigil.schemas.canaries import CANARY_SUBJECT
 
     assert conn.nc is not None
     try:
-        await conn.nc.request(CANARY_SUBJECT, b"", timeout=5)
+        await conn.nc.request(subjects.canary, b"", timeout=5)
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
         if any("permissions violation" in str(e).lower() for e in conn.errors):
             raise ConfigError(
@@ -357,18 +361,16 @@ def run(args: argparse.Namespace) -> int:
     """``vigil canary run`` (see the module's docstring); the exit status."""
     import anyio
 
-    from trainvigil.daemon import config as config_mod
     from trainvigil.daemon.cli._with_daemon import with_daemon
 
     check_fault(args.fault)  # before the configuration is even read: a typo needs nothing else to be refused
-    overrides = {"data_dir": args.data_dir, "nats_url": args.nats_url, "nats_creds": args.nats_creds}
-    cfg = config_mod.load(args.config, overrides)
+    cfg = command_config(args)
     asks = requests(args, cfg)
     started = time.monotonic()
 
     async def work(conn: _Connection, url: str) -> list[CanaryResult]:
         assert conn.nc is not None
-        return await drive(conn.nc, url, asks)
+        return await drive(conn.nc, url, asks, cfg.subjects)
 
     interrupted = "interrupted before every canary was judged; see vigil canary list"
     results = anyio.run(

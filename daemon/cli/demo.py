@@ -51,7 +51,9 @@ async def _demo(steps: int, data_dir: str) -> None:
     async with anyio.create_task_group() as tg:
         url: str = await tg.start(serve, config)
         print(f"[demo] broker {url}, daemon on {data_dir}; training {steps} steps...", flush=True)
-        env = {**os.environ, "VIGIL_NATS_URL": url, "VIGIL_RUN_ID": "demo"}
+        # The demo's daemon serves the default namespace: a VIGIL_NAMESPACE of the shell would send its steps elsewhere.
+        inherited = {k: v for k, v in os.environ.items() if k != "VIGIL_NAMESPACE"}
+        env = {**inherited, "VIGIL_NATS_URL": url, "VIGIL_RUN_ID": "demo"}
         started = time.perf_counter()
         await anyio.run_process(
             [

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from trainvigil._version import __version__
 from trainvigil.agents import verify
 from trainvigil.daemon.cli import _exits, checkpoints, shards
+from trainvigil.daemon.cli._config import add_namespace, command_config, namespace_subjects
 from trainvigil.daemon.cli._exits import EXIT_OK, EXIT_PARTIAL, EXIT_QUERY, EXIT_TRUNCATED, EXIT_UNAVAILABLE, EXIT_USAGE
 from trainvigil.daemon.cli._parser import Parser
 from trainvigil.daemon.formatting import terminal_safe
@@ -93,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 4222, VIGIL_EMBEDDED_PORT)",
     )
     up.add_argument("--config", help="TOML configuration file")
+    add_namespace(
+        up,
+        "serve only this namespace's agents and commands, on a broker that several deployments share "
+        "(VIGIL_NAMESPACE; default: the default namespace)",
+    )
     up.add_argument(
         "--http-host", help="address of the web view (/), /metrics and /healthz (default 127.0.0.1, VIGIL_HTTP_HOST)"
     )
@@ -180,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     push.add_argument("--nats", dest="nats_url", help="broker URL (default VIGIL_NATS_URL, else nats://127.0.0.1:4222)")
     _creds_arg(push, "an agent's credentials file (VIGIL_NATS_CREDS)")
+    add_namespace(push, "the namespace the files' agents published in (VIGIL_NAMESPACE; default: the default one)")
     auth = sub.add_parser(
         "auth",
         help="create the bus's users (agent, daemon, reader) and a nats-server config enforcing them",
@@ -208,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="also partition runs over N daemon shards (the account's subject mappings; see `vigil shards`)",
     )
+    add_namespace(
+        auth, "grant agents and readers this namespace's subjects (VIGIL_NAMESPACE; default: the default one)"
+    )
     from trainvigil.daemon.cli.export import TABLES  # light: no daemon packages at import
 
     export = sub.add_parser(
@@ -226,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
     export.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     _creds_arg(export)
+    add_namespace(export)
     verify.add_parser(sub)
     checkpoints.add_parser(sub, _query_args)
     # Light: their heavy imports are inside functions.
@@ -246,6 +257,7 @@ def _query_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
     parser.add_argument("--limit", type=int, default=None, help="row limit (default: the daemon's, 10000)")
     _creds_arg(parser)
+    add_namespace(parser)
 
 
 def _creds_arg(
@@ -257,12 +269,11 @@ def _creds_arg(
 
 
 def _reader(args: argparse.Namespace) -> tuple[DaemonConfig, str, BusAccess]:
-    """The configuration a reading command runs with, the daemon's broker URL and a reader's access to it."""
-    from trainvigil.daemon import config as config_mod
+    """The configuration a reading command runs with (its namespace's subjects: ``cfg.subjects``), the daemon's
+    broker URL and a reader's access to it."""
     from trainvigil.daemon.broker.bus import access
 
-    overrides = {"data_dir": args.data_dir, "nats_url": args.nats_url, "nats_creds": args.nats_creds}
-    cfg = config_mod.load(args.config, overrides)
+    cfg = command_config(args)
     return cfg, cfg.nats_url or f"nats://127.0.0.1:{cfg.embedded_port}", access(cfg, "reader")
 
 
@@ -283,6 +294,7 @@ def _up(args: argparse.Namespace) -> int:
             "data_dir": args.data_dir,
             "nats_url": args.nats_url,
             "shard": args.shard,
+            "namespace": args.namespace,
             "embedded_port": args.embedded_port,
             "http_host": args.http_host,
             "http_port": args.http_port,
@@ -299,7 +311,9 @@ def _up(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         started.append(url)
         print(
-            f"vigil: daemon ready; point agents at VIGIL_NATS_URL={redact_url(url)}{agents_hint(cfg)} "
+            f"vigil: daemon ready; point agents at VIGIL_NATS_URL={redact_url(url)}"
+            + (f" VIGIL_NAMESPACE={cfg.namespace}" if cfg.namespace else "")
+            + f"{agents_hint(cfg)} "
             f"(data in {cfg.data_dir})",
             file=sys.stderr,
             flush=True,
@@ -401,7 +415,10 @@ def _query(args: argparse.Namespace, sql: str) -> int:
 
     cfg, url, bus = _reader(args)
     try:
-        with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=bus) as source:
+        source = QuerySource(
+            nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=bus, subjects=cfg.subjects
+        )
+        with source:
             result = source.ask(sql, args.limit or cfg.query_row_limit)
             from_daemon = source.from_daemon
     except duckdb.Error as exc:  # opening the file: a daemon holds it, or it is not a database
@@ -459,7 +476,13 @@ def _saved_by(args: argparse.Namespace) -> None:
         expected, _ = read_manifest(args.path)
         cfg, url, bus = _reader(args)
         result, _ = query(
-            writer_sql(expected.root), nats_url=url, data_dir=cfg.data_dir, limit=5, timeout=10, access=bus
+            writer_sql(expected.root),
+            nats_url=url,
+            data_dir=cfg.data_dir,
+            limit=5,
+            timeout=10,
+            access=bus,
+            subjects=cfg.subjects,
         )
     except Exception as exc:  # no daemon extra, no daemon and no file, refused credentials: verify's verdict stands
         print(
@@ -485,7 +508,12 @@ def _export(args: argparse.Namespace) -> int:
     cfg, url, bus = _reader(args)
     table, path = TABLES[args.table], target(args.output, args.format)
     source = QuerySource(
-        nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=bus, busy_patience_s=60.0
+        nats_url=url,
+        data_dir=cfg.data_dir,
+        timeout=cfg.query_timeout_s + 5,
+        access=bus,
+        busy_patience_s=60.0,
+        subjects=cfg.subjects,
     )
     with source:
         ask = source.ask
@@ -509,8 +537,8 @@ def _alerts(args: argparse.Namespace) -> int:
 
     if not args.follow:
         return _query(args, alerts_sql(args.run))
-    _, url, bus = _reader(args)
-    follow(url, args.run, args.format, access=bus)
+    cfg, url, bus = _reader(args)
+    follow(url, args.run, args.format, access=bus, subjects=cfg.subjects)
     return EXIT_OK
 
 
@@ -579,7 +607,8 @@ def _push(args: argparse.Namespace) -> int:
 
     creds = args.nats_creds or os.environ.get("VIGIL_NATS_CREDS", "")
     bus = BusAccess(creds=creds, tls_ca=os.environ.get("VIGIL_NATS_TLS_CA", ""))
-    results = asyncio.run(push(url, paths, on_file=progress, on_round=sending, access=bus))
+    subjects = namespace_subjects(args)
+    results = asyncio.run(push(url, paths, on_file=progress, on_round=sending, access=bus, subjects=subjects))
     print(
         f"vigil: pushed {sum(r.done for r in results)} of {len(paths)} files to {redact_url(url)}: "
         f"{sum(r.messages for r in results)} messages, {sum(r.bytes for r in results)} bytes",
@@ -609,7 +638,7 @@ def _auth(args: argparse.Namespace) -> int:
     from trainvigil.daemon.broker.teams import read_teams
 
     where = Path(args.dir)
-    config = prepare(where, shards=args.shards, teams=args.team)
+    config = prepare(where, shards=args.shards, teams=args.team, subjects=namespace_subjects(args))
     users = [*ROLES, *(team.user for team in read_teams(where).values())]
     files = ", ".join(f"{user}: {credentials_file(where, user)}" for user in users)
     print(f"vigil: bus users in {where} ({files}); server config: {config}", file=sys.stderr)

@@ -147,7 +147,10 @@ def run(args: argparse.Namespace, cfg: DaemonConfig, url: str, access: BusAccess
     except ValueError:
         raise ConfigError(f"--ranks {args.ranks!r}: give ranks as numbers, e.g. 0,1", key="ranks") from None
     output = Path(args.output) if args.output else default_output(args.run_id)
-    with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=access) as source:
+    source = QuerySource(
+        nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=access, subjects=cfg.subjects
+    )
+    with source:
         data = gather(lambda text: source.ask(text, cfg.query_row_limit), args.run_id, _csv(args.metrics), ranks)
         if not source.from_daemon:
             print(f"vigil: no daemon answered at {url}; read {source.where}", file=sys.stderr)

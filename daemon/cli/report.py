@@ -185,7 +185,10 @@ def run(args: argparse.Namespace, cfg: DaemonConfig, url: str, access: BusAccess
     since = parse_interval(args.since)
     if since is None or since <= 0:
         raise ConfigError(f"--since {args.since!r}: give a window like 30m, 24h or 7d", key="since")
-    with QuerySource(nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=access) as source:
+    source = QuerySource(
+        nats_url=url, data_dir=cfg.data_dir, timeout=cfg.query_timeout_s + 5, access=access, subjects=cfg.subjects
+    )
+    with source:
         report = build(lambda sql: source.ask(sql, cfg.query_row_limit), since)
         if not source.from_daemon:
             print(f"vigil: no daemon answered at {redact_url(url)}; read {source.where}", file=sys.stderr)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainvigil.daemon.cli._config import add_namespace, namespace_subjects
 from trainvigil.schemas.shards import MAX_SHARDS, partition_mappings, shard_of
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 
 def shard_count(text: str) -> int:
@@ -31,20 +33,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     action = shards.add_subparsers(dest="action", required=True, metavar="ACTION")
     mappings = action.add_parser("mappings", help="print the mappings block for N shards (nats-server config)")
     mappings.add_argument("count", type=shard_count, metavar="N", help="the number of daemon shards")
+    add_namespace(mappings, "the mappings of this namespace's subjects (VIGIL_NAMESPACE; default: the default one)")
     which = action.add_parser("which", help="print the shard (I/N) the broker routes a run's records to")
     which.add_argument("run_id", help="the run id")
     which.add_argument("count", type=shard_count, metavar="N", help="the number of daemon shards")
 
 
-def mappings_block(count: int) -> str:
-    """The nats-server configuration text: ``mappings { "source": "destination", ... }``."""
-    lines = [f"  {json.dumps(src)}: {json.dumps(dst)}" for src, dst in partition_mappings(count).items()]
+def mappings_block(count: int, subjects: Subjects = DEFAULT_SUBJECTS) -> str:
+    """The nats-server configuration text: ``mappings { "source": "destination", ... }`` (of ``subjects``'
+    namespace)."""
+    lines = [f"  {json.dumps(src)}: {json.dumps(dst)}" for src, dst in partition_mappings(count, subjects).items()]
     return "mappings {\n" + "\n".join(lines) + "\n}\n"
 
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "mappings":
-        print(mappings_block(args.count), end="")
+        print(mappings_block(args.count, namespace_subjects(args)), end="")
     else:
         print(f"{shard_of(args.run_id, args.count)}/{args.count}")
     return 0

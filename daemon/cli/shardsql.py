@@ -37,8 +37,9 @@ from trainvigil.errors import QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas.credentials import BusAccess
 from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.query import QueryResult
-from trainvigil.schemas.shards import SHARDS_SUBJECT, ShardId
+from trainvigil.schemas.shards import ShardId
 from trainvigil.schemas.sqltypes import ColumnTypeError, SqlType, quote_identifier, render
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 ROLL_CALL_S = 1.0
 """How long the roll call waits for shards that have not answered yet (one answer tells how many there are)."""
@@ -51,8 +52,9 @@ OPEN_BUS_WARNING = (
 )
 """Said once on stderr by a command that merges shards' answers without credentials (see :mod:`.sqlclient`)."""
 _IMPOSTOR = (
-    f"nothing it sent was run. Only vigil daemons of this version answer on {SHARDS_SUBJECT}: find what else "
-    "answers there, and secure the bus with `vigil up --auth`"
+    "nothing it sent was run. Only vigil daemons of this version answer the roll call (vigil.v1.ctl.sql.shards, "
+    "in a namespace N.vigil.v1.ctl.sql.shards): find what else answers there, and secure the bus with "
+    "`vigil up --auth`"
 )
 
 
@@ -76,8 +78,11 @@ class Gathered:
         )
 
 
-async def roll_call(nc: NATS, wait_s: float = ROLL_CALL_S) -> tuple[int, set[int]] | None:
-    """The shard count and the indexes that answered; ``None`` when no sharded daemon listens.
+async def roll_call(
+    nc: NATS, wait_s: float = ROLL_CALL_S, *, subjects: Subjects = DEFAULT_SUBJECTS
+) -> tuple[int, set[int]] | None:
+    """The shard count and the indexes that answered in ``subjects``' namespace; ``None`` when no sharded daemon
+    listens there.
 
     Raises:
         QueryError: shards disagree about their count (daemons of two deployments on one broker).
@@ -86,7 +91,7 @@ async def roll_call(nc: NATS, wait_s: float = ROLL_CALL_S) -> tuple[int, set[int
     sub = await nc.subscribe(inbox)
     seen: dict[int, int] = {}
     try:
-        await nc.publish(SHARDS_SUBJECT, b"", reply=inbox)
+        await nc.publish(subjects.roll_call, b"", reply=inbox)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while not seen or len(seen) < max(seen.values()):
@@ -205,6 +210,6 @@ def open_bus(url: str, access: BusAccess) -> bool:
     return not access.creds and not parse_nats_url(url).has_user
 
 
-def shard_ids(count: int, indexes: set[int]) -> list[ShardId]:
-    """The shards to ask: those that answered the roll call."""
-    return [ShardId(i, count) for i in sorted(indexes)]
+def shard_ids(count: int, indexes: set[int], subjects: Subjects = DEFAULT_SUBJECTS) -> list[ShardId]:
+    """The shards to ask: those of ``subjects``' namespace that answered the roll call."""
+    return [ShardId(i, count, subjects) for i in sorted(indexes)]

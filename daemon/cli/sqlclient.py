@@ -22,7 +22,6 @@ from trainvigil.daemon.cli.shardsql import OPEN_BUS_WARNING, Gathered, merge, op
 from trainvigil.daemon.config import QUERY_ROW_LIMIT
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
 from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryBusyError, QueryError, QueryRefusedError
-from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
 from trainvigil.schemas.natsurl import parse_nats_url
@@ -30,6 +29,7 @@ from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, va
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import retrying
 from trainvigil.schemas.shards import ShardId
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 from trainvigil.schemas.terminal import terminal_safe
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
@@ -84,7 +84,7 @@ async def _connect(url: str, access: BusAccess) -> _Connection | None:
 
 
 async def _ask(
-    conn: _Connection, url: str, request: QueryRequest, timeout: float, subject: str = QUERY_SUBJECT
+    conn: _Connection, url: str, request: QueryRequest, timeout: float, subject: str = DEFAULT_SUBJECTS.query
 ) -> QueryResult | None:
     """The daemon's answer over ``conn``, or ``None`` when no daemon listens on ``subject``.
 
@@ -116,15 +116,18 @@ async def _ask(
     return join_results(parts)
 
 
-async def data_dir_note(conn: _Connection, url: str, data_dir: str | Path) -> str:
-    """One line when the unsharded daemon that answers on ``conn`` serves another data dir than ``data_dir``
-    and ``data_dir`` holds a history of its own (the one the user may have meant); else ``""``."""
+async def data_dir_note(
+    conn: _Connection, url: str, data_dir: str | Path, subjects: Subjects = DEFAULT_SUBJECTS
+) -> str:
+    """One line when the unsharded daemon of ``subjects``' namespace that answers on ``conn`` serves another data
+    dir than ``data_dir`` and ``data_dir`` holds a history of its own (the one the user may have meant); else
+    ``""``."""
     from trainvigil.daemon.broker.holders import unsharded_holder
 
     asked = Path(data_dir).resolve()
     if conn.nc is None or not (asked / "vigil.duckdb").exists():
         return ""
-    holder = await unsharded_holder(conn.nc)
+    holder = await unsharded_holder(conn.nc, subjects=subjects)
     if holder is None or (holder.data_dir == str(asked) and holder.host == socket.gethostname()):
         return ""
     # What another process on the bus says about itself: made safe to print.
@@ -136,20 +139,27 @@ async def data_dir_note(conn: _Connection, url: str, data_dir: str | Path) -> st
 
 
 async def ask_daemon(
-    url: str, request: QueryRequest, timeout: float, access: BusAccess = ANONYMOUS
+    url: str,
+    request: QueryRequest,
+    timeout: float,
+    access: BusAccess = ANONYMOUS,
+    *,
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> QueryResult | None:
-    """The daemon's answer, or ``None`` when no broker or no daemon is there."""
+    """The answer of the (unsharded) daemon of ``subjects``' namespace, or ``None`` when no broker or no such
+    daemon is there."""
     conn = await _connect(url, access)
     if conn is None or conn.nc is None:
         return None
     try:
-        return await _ask(conn, url, request, timeout)
+        return await _ask(conn, url, request, timeout, subjects.query)
     finally:
         await conn.nc.close()
 
 
 class QuerySource:
-    """Where read-only queries are answered: the daemon at ``nats_url``, else ``data_dir``'s file.
+    """Where read-only queries are answered: the daemon of ``subjects``' namespace at ``nats_url``, else
+    ``data_dir``'s file.
 
     Decided by the first query and kept for the next ones, so a paged export reads from one place
     (one broker connection, or the file opened once). Use it as a context manager: it holds the
@@ -159,6 +169,7 @@ class QuerySource:
         timeout: seconds to wait for each answer; reading the file, each query's timeout.
         max_bytes: the bytes of encoded rows an answer holds at most (the daemon may lower it).
         access: the reader's credentials and the CA to trust.
+        subjects: the namespace whose daemon (or shards) to ask.
     """
 
     def __init__(
@@ -170,8 +181,10 @@ class QuerySource:
         max_bytes: int | None = None,
         access: BusAccess = ANONYMOUS,
         busy_patience_s: float = BUSY_PATIENCE_S,
+        subjects: Subjects = DEFAULT_SUBJECTS,
     ) -> None:
         self.nats_url = nats_url
+        self.subjects = subjects
         self.busy_patience_s = busy_patience_s
         self.access = access
         self.path = Path(data_dir) / "vigil.duckdb"
@@ -262,7 +275,7 @@ class QuerySource:
         assert self._conn is not None and self._conn.nc is not None
         result = None
         if not self._shards:
-            result = self._runner.run(_ask(self._conn, self.nats_url, request, self.timeout))
+            result = self._runner.run(_ask(self._conn, self.nats_url, request, self.timeout, self.subjects.query))
         if result is None and (first or self._shards):
             # No unsharded daemon: sharded ones answer on their own subjects (see shardsql).
             result = self._runner.run(self._ask_shards(self._conn, request))
@@ -276,7 +289,9 @@ class QuerySource:
             )
         elif not self._shards:
             self.where = f"daemon at {redact_url(self.nats_url)}"
-            if first and (note := self._runner.run(data_dir_note(self._conn, self.nats_url, self.path.parent))):
+            if first and (
+                note := self._runner.run(data_dir_note(self._conn, self.nats_url, self.path.parent, self.subjects))
+            ):
                 print(f"vigil: {note}", file=sys.stderr, flush=True)
         return result
 
@@ -287,7 +302,7 @@ class QuerySource:
         """
         nc = conn.nc
         assert nc is not None
-        called = await roll_call(nc)
+        called = await roll_call(nc, subjects=self.subjects)
         if called is None:
             return None
         count, present = called
@@ -308,7 +323,7 @@ class QuerySource:
             gathered.answers[shard.index] = answer
             gathered.missing.pop(shard.index, None)
 
-        await asyncio.gather(*(one(s) for s in shard_ids(count, present)))
+        await asyncio.gather(*(one(s) for s in shard_ids(count, present, self.subjects)))
         self.missing, self.warning = gathered.missing_names(), gathered.warning() if gathered.missing else ""
         if not gathered.answers:
             raise DaemonUnavailableError(f"no shard answered at {redact_url(self.nats_url)}: {gathered.warning()}")
@@ -328,6 +343,7 @@ def query(
     timeout: float = 60.0,
     max_bytes: int | None = None,
     access: BusAccess = ANONYMOUS,
+    subjects: Subjects = DEFAULT_SUBJECTS,
 ) -> tuple[QueryResult, str]:
     """Run one read-only query (see :class:`QuerySource`); returns the result and where it was answered.
 
@@ -335,7 +351,10 @@ def query(
         limit, max_bytes: rows and bytes the answer holds at most (the daemon may lower them).
         timeout: seconds to wait for the daemon's answer; reading the file, the query's timeout.
         access: the reader's credentials and the CA to trust.
+        subjects: the namespace whose daemon to ask.
     """
-    source = QuerySource(nats_url=nats_url, data_dir=data_dir, timeout=timeout, max_bytes=max_bytes, access=access)
+    source = QuerySource(
+        nats_url=nats_url, data_dir=data_dir, timeout=timeout, max_bytes=max_bytes, access=access, subjects=subjects
+    )
     with source:
         return source.ask(sql, limit), source.where

@@ -29,7 +29,6 @@ from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.daemon.store.reads import ReadOnlyQueries
 from trainvigil.daemon.store.writer import Store
-from trainvigil.schemas import QUERY_SUBJECT
 from trainvigil.schemas.query import QueryRequest, QueryResult, split_result
 
 log = structlog.get_logger("trainvigil.query")
@@ -44,15 +43,16 @@ async def serve_queries(
     config: DaemonConfig,
     metrics: DaemonMetrics,
     *,
-    subject: str = QUERY_SUBJECT,
+    subject: str | None = None,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve queries, up to ``config.query_concurrency`` at once, until cancelled (the writer keeps writing).
 
-    ``subject``: where requests come (a shard answers on its own, ``ShardId.query_subject``).
+    ``subject``: where requests come (a shard answers on its own, ``ShardId.query_subject``); ``None``: the
+    query subject of ``config``'s namespace.
     On cancellation the queries in flight are interrupted, so shutdown does not wait for them.
     """
-    sub = await nc.subscribe(subject, queue="vigil-query")
+    sub = await nc.subscribe(subject or config.subjects.query, queue="vigil-query")
     slots = anyio.Semaphore(config.query_concurrency)
     reads = ReadOnlyQueries(store, config)
     replies = Replies(nc, metrics, "sql")

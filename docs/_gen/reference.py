@@ -614,6 +614,8 @@ def _json_limits(spec: dict[str, Any]) -> str:
 def wire_page() -> str:
     from trainvigil.schemas import records, subjects
 
+    default = subjects.DEFAULT_SUBJECTS
+
     envelope = json.loads((ROOT / "schemas/json/envelope.schema.json").read_text())
     files = sorted(p.name for p in (ROOT / "schemas/json").glob("*.json"))
     out = [
@@ -627,8 +629,16 @@ def wire_page() -> str:
         markdown(inspect.getdoc(subjects) or "") + "\n",
         table(
             ("what", "subject"),
-            [(f"`{k}` records", f"`{subjects.PREFIX}.<run>.{k}`") for k in subjects.KINDS]
-            + [("alerts", f"`{subjects.PREFIX}.alerts.<run>`"), ("SQL queries", f"`{subjects.QUERY_SUBJECT}`")],
+            [(f"`{k}` records", f"`{default.prefix}.<run>.{k}`") for k in subjects.KINDS]
+            + [
+                ("alerts", f"`{default.prefix}.alerts.<run>`"),
+                ("SQL queries", f"`{default.query}`"),
+                ("canary triggers", f"`{default.canary}`"),
+                (
+                    "namespace `N`",
+                    f"`N.{default.prefix}.…` (every subject above), stream `{subjects.Subjects('N').stream_name}`",
+                ),
+            ],
         ),
     ]
     for name, spec in sorted(envelope["$defs"].items()):

@@ -53,11 +53,27 @@ class NatsServer:
         self.process = None
 
 
-class Daemon:
-    """``vigil up`` as a real process against a given broker and data directory."""
+class SqlOverNats:
+    """What a test asks a daemon over NATS at ``nats_url``, as ``vigil sql`` asks it (never the file: a test must
+    not hold the database's lock)."""
 
+    nats_url: str
     access: BusAccess = ANONYMOUS
     """How :meth:`sql` connects."""
+
+    def sql(self, sql: str) -> QueryResult:
+        result = asyncio.run(ask_daemon(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, self.access))
+        assert result is not None, "no daemon answered"
+        assert not result.error, result.error
+        return result
+
+    def scalar(self, sql: str) -> Any:
+        return self.sql(sql).rows[0][0]
+
+
+class Daemon(SqlOverNats):
+    """``vigil up`` as a real process against a given broker and data directory (the in-process daemon,
+    ``inprocess.InProcessDaemon``, starts faster; this one can be killed, signalled and measured apart)."""
 
     def __init__(self, nats_url: str, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.nats_url = nats_url
@@ -109,16 +125,6 @@ class Daemon:
             return True
         except Exception:
             return False
-
-    def sql(self, sql: str) -> QueryResult:
-        """Ask the daemon over NATS (never the file: a test must not hold the database's lock)."""
-        result = asyncio.run(ask_daemon(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, self.access))
-        assert result is not None, "no daemon answered"
-        assert not result.error, result.error
-        return result
-
-    def scalar(self, sql: str) -> Any:
-        return self.sql(sql).rows[0][0]
 
     def kill(self) -> None:
         assert self.process is not None

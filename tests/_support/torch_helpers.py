@@ -4,9 +4,10 @@ poke at, and a stand-in agent that keeps what ``watch()`` and the fault hooks ha
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the tests that use it: collecting them stays light
+    import torch
 
 
 class RecordingAgent:
@@ -46,6 +47,8 @@ def grad_of(p: torch.Tensor) -> torch.Tensor:
 
 def linear_weight(model: torch.nn.Sequential, index: int) -> torch.Tensor:
     """The weight of the Linear layer at ``index``."""
+    import torch
+
     layer = model[index]
     assert isinstance(layer, torch.nn.Linear)
     return layer.weight

@@ -17,11 +17,11 @@ import duckdb
 import msgspec
 import nats
 import pytest
-from hooks import HANG, hook_server
 from nats.aio.msg import Msg
 from support import HERE, Daemon, NatsServer, finish, vigil, wait_for
+from webhook_server import HANG, hook_server
 
-from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, decode, encode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Envelope, Source, decode, encode
 
 NAN_STEP = 60
 STEPS = NAN_STEP + 30  # fewer than non_finite's cooldown (50) after the NaN: the episode stays open
@@ -92,7 +92,7 @@ def test_a_nan_at_step_n_yields_one_non_finite_alert_one_row_and_one_webhook_pos
     non_finite = [(subject, a) for subject, a in received if a.detector == "non_finite"]
     assert len(non_finite) == 1, received
     subject, alert = non_finite[0]
-    assert subject == alert_subject("nan-run") == "vigil.v1.alerts.nan-run"
+    assert subject == DEFAULT_SUBJECTS.alert("nan-run") == "vigil.v1.alerts.nan-run"
     assert (alert.run_id, alert.rank, alert.step, alert.severity, alert.state) == (
         "nan-run",
         0,
@@ -180,7 +180,7 @@ def test_vigil_alerts_follow_prints_each_update_of_its_run_until_ctrl_c(nats_ser
                         time=1.0, run_id=run_id, rank=1, step=7, detector="grad_spike", severity="warn", state=state
                     )
                     envelope = Envelope(source=Source(run_id=run_id), records=[alert])
-                    await nc.publish(alert_subject(run_id), encode(envelope))
+                    await nc.publish(DEFAULT_SUBJECTS.alert(run_id), encode(envelope))
                 await nc.flush()
                 await nc.close()
 

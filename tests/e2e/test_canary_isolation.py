@@ -92,6 +92,7 @@ def _job_pid(d: _ConsoleDaemon) -> int | None:
     return None
 
 
+@pytest.mark.timeout(110)  # a daemon and a whole canary job: ~35 s
 def test_a_workload_runs_in_a_private_directory_of_its_own_removed_once_it_ended(
     console_daemon: _ConsoleDaemon, nats_server: NatsServer
 ) -> None:
@@ -115,6 +116,7 @@ def test_a_workload_runs_in_a_private_directory_of_its_own_removed_once_it_ended
     assert not cwd.exists(), "the private directory is removed with the job"
 
 
+@pytest.mark.timeout(110)  # a daemon and a whole canary job: ~34 s
 def test_a_configured_job_without_a_cwd_keeps_the_daemons_working_directory(
     console_daemon: _ConsoleDaemon, nats_server: NatsServer, tmp_path: Path
 ) -> None:

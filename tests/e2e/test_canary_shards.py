@@ -25,8 +25,8 @@ from support import AuthBroker, ShardDaemon, wait_for
 from trainvigil.daemon.canary.schedule import owned_id, run_id_of
 from trainvigil.daemon.cli.canary import _Follower, _progress
 from trainvigil.daemon.cli.sqlclient import QuerySource
-from trainvigil.schemas import CanaryResult, alert_subject, decode
-from trainvigil.schemas.canaries import CANARY_SUBJECT, CanaryAccepted, CanaryRequest
+from trainvigil.schemas import DEFAULT_SUBJECTS, CanaryResult, decode
+from trainvigil.schemas.canaries import CanaryAccepted, CanaryRequest
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.shards import ShardId, shard_of
 
@@ -161,11 +161,11 @@ async def _trigger(
 
     try:
         for i in ids:
-            await nc.subscribe(alert_subject(run_id_of(i)), cb=on_result)
+            await nc.subscribe(DEFAULT_SUBJECTS.alert(run_id_of(i)), cb=on_result)
         answers = []
         for i in ids:
             ask = msgspec.msgpack.encode(CanaryRequest(id=i, workload="tiny"))
-            reply = await nc.request(CANARY_SUBJECT, ask, timeout=10)
+            reply = await nc.request(DEFAULT_SUBJECTS.canary, ask, timeout=10)
             answers.append(msgspec.msgpack.decode(reply.data, type=CanaryAccepted))
         if all(not a.error for a in answers):
             await asyncio.wait_for(done.wait(), 120)
@@ -258,7 +258,7 @@ def test_on_a_bus_with_users_a_trigger_handed_on_between_shards_is_answered_and_
             mine = {run_id_of(i) for i in ids if shard_of(run_id_of(i), SHARDS) == shard.shard.index}
             assert {name for name, _ in _judged(shard)} == mine
         reader = BusAccess(creds=str(broker.creds("reader")))
-        for subject in (CANARY_SUBJECT, ShardId(1, SHARDS).canary_subject):
+        for subject in (DEFAULT_SUBJECTS.canary, ShardId(1, SHARDS).canary_subject):
             with pytest.raises(nats.errors.Error):
                 asyncio.run(_ask_once(broker.url, subject, reader))
         assert support.terminate_together(*shards) == [0] * SHARDS

@@ -322,6 +322,7 @@ def _report(phase: Phase, run_id: str, kind: str) -> None:
     )
 
 
+@pytest.mark.timeout(100)  # the first pays its module's canary runs: ~30 s
 @pytest.mark.parametrize("run_id", ["clean-supervised", "clean-rl"])
 def test_a_clean_workload_runs_to_the_end_and_raises_nothing(steps_phase: Phase, run_id: str) -> None:
     canary = steps_phase.canaries[run_id]
@@ -330,6 +331,7 @@ def test_a_clean_workload_runs_to_the_end_and_raises_nothing(steps_phase: Phase,
     assert steps_phase.events.get(run_id, []) == []
 
 
+@pytest.mark.timeout(120)  # the first pays its module's timed canary runs: ~37 s
 def test_a_clean_two_rank_run_raises_nothing_with_the_straggler_judging_short_windows(time_phase: Phase) -> None:
     assert time_phase.codes["clean-two_rank"] == 0, _log(time_phase.canaries["clean-two_rank"])
     anomalies = time_phase.anomalies.get("clean-two_rank", [])

@@ -30,7 +30,7 @@ from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open,
 from trainvigil.daemon.cli._shard_plan import plan
 from trainvigil.daemon.cli.sqlclient import QuerySource
 from trainvigil.errors import ConfigError, QueryRefusedError
-from trainvigil.schemas import STREAM_SUBJECTS
+from trainvigil.schemas import DEFAULT_SUBJECTS
 from trainvigil.schemas.query import QueryResult
 from trainvigil.schemas.shards import ShardId, shard_of
 
@@ -144,6 +144,7 @@ def test_a_node_whose_port_was_taken_since_it_was_picked_starts_on_new_ports(tmp
             cluster.stop()
 
 
+@pytest.mark.timeout(120)  # ~20 s of paced agents while a node and a shard are killed: ~38 s
 def test_a_cluster_loses_and_repeats_nothing_when_a_nats_node_and_a_shard_are_killed(
     cluster: NatsCluster, start_shards: Callable[[str, dict[str, str]], list[ShardDaemon]]
 ) -> None:
@@ -292,7 +293,7 @@ def test_vigil_shards_prints_the_mappings_and_the_shard_of_a_run() -> None:
 def test_without_a_shard_the_daemon_keeps_its_one_stream_consumer_and_subjects() -> None:
     cfg = config_mod.load(env={})
     assert cfg.for_shard() is cfg and cfg.shard_id is None
-    assert cfg.stream_subjects == list(STREAM_SUBJECTS) and cfg.stream.replicas == 1
+    assert cfg.stream_subjects == DEFAULT_SUBJECTS.stream_subjects and cfg.stream.replicas == 1
     assert (cfg.stream.name, cfg.stream.consumer) == ("VIGIL", "vigil-daemon")
 
 

@@ -58,6 +58,7 @@ def test_daemon_sigkilled_twice_mid_stream_loses_and_duplicates_nothing(
     daemon.terminate()
 
 
+@pytest.mark.serial  # the longest log() call is bounded
 @pytest.mark.slow
 def test_broker_down_10s_every_step_arrives_and_log_never_blocks(daemon: Daemon, nats_server: NatsServer) -> None:
     import trainvigil

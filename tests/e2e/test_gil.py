@@ -24,6 +24,9 @@ from typing import Any
 import pytest
 from support import Daemon, NatsServer, wait_for
 
+# Each test measures GIL hold shares and waits, which other processes on the cores skew: they run alone.
+pytestmark = pytest.mark.serial
+
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 ATTEMPTS = 5
 WORKLOADS = Path(__file__).parents[1] / "_support" / "gil_workloads.py"

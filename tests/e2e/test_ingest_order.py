@@ -306,6 +306,7 @@ def _drain_process(url: str, data_dir: Path, port: int) -> subprocess.Popen[byte
         )
 
 
+@pytest.mark.timeout(80)  # a backlog drained by three daemons, two SIGKILLed, and a broker restart: ~25 s
 @pytest.mark.slow
 def test_a_backlog_drain_sigkilled_twice_and_a_broker_restart_lose_and_duplicate_nothing(
     nats_server: NatsServer, tmp_path: Path

@@ -56,6 +56,7 @@ def _events(daemon: Daemon, run_id: str) -> list[str]:
     return [r[0] for r in daemon.sql(f"select kind from events where run_id = '{run_id}' order by time").rows]
 
 
+@pytest.mark.timeout(90)  # imports transformers and trains in a process of its own: ~27 s
 def test_hugging_face_trainer_logs_steps_evals_checkpoints_and_ends_the_run(daemon: Daemon, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     _train(daemon, HF, tmp_path)
@@ -94,6 +95,7 @@ def test_lightning_logger_and_callback_log_grad_norm_every_step_and_the_modules_
     assert daemon.scalar(f"select count(*) from checkpoints where run_id = '{run}' and origin = 'save'") >= 1
 
 
+@pytest.mark.timeout(90)  # imports Stable-Baselines3 and trains PPO in a process of its own: ~27 s
 def test_sb3_callback_maps_ppo_to_the_rl_detectors_names(daemon: Daemon, tmp_path: Path) -> None:
     pytest.importorskip("stable_baselines3")
     _train(daemon, SB3, tmp_path)

@@ -8,26 +8,31 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 from support import Daemon, NatsServer, wait_for
 
-pytest.importorskip("jax")
-pytest.importorskip("flax")
-pytest.importorskip("optax")
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-
 from trainvigil.agents.columnar import _to_floats
-from trainvigil.agents.integrations import jax as vigil_jax
+
+if TYPE_CHECKING:  # JAX takes seconds to import and every test process collects every module: tests import it
+    import jax
+    import optax
+
+
+@pytest.fixture(autouse=True)
+def _jax_flax_optax() -> None:
+    """Skips this module's tests without JAX, Flax or optax."""
+    for module in ("jax", "flax", "optax"):
+        pytest.importorskip(module)
+
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "integrations" / "jax_mlp.py"
 """The docs' JAX example, a whole script."""
 
 
+@pytest.mark.timeout(100)  # imports JAX and Flax and jit-compiles in a process of its own: ~33 s
 def test_a_nan_in_jitted_gradients_pages_on_its_step_and_pytree_checkpoints_verify(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
@@ -64,6 +69,8 @@ def test_a_nan_in_jitted_gradients_pages_on_its_step_and_pytree_checkpoints_veri
 
 
 def _tree(bad: dict[str, float]) -> dict[str, jax.Array]:
+    import jax.numpy as jnp
+
     rng = np.random.default_rng(0)
     tree = {
         "w": rng.normal(size=(64, 32)).astype(np.float32),
@@ -79,6 +86,10 @@ def _tree(bad: dict[str, float]) -> dict[str, jax.Array]:
 
 
 def test_grad_health_is_the_float32_global_norm_and_counts_non_finite_values() -> None:
+    import jax
+
+    from trainvigil.agents.integrations import jax as vigil_jax
+
     health = jax.jit(vigil_jax.grad_health)
     clean = _tree({})
     expected = np.sqrt(sum(np.sum(np.square(np.asarray(clean[k], np.float64))) for k in ("w", "b", "h")))
@@ -97,6 +108,8 @@ def test_grad_health_is_the_float32_global_norm_and_counts_non_finite_values() -
 
 
 def test_the_agent_reads_a_column_of_jax_scalars_and_drops_only_what_is_not_one_number() -> None:
+    import jax.numpy as jnp
+
     good = [jnp.float32(1.5), jnp.asarray([2.5]), jnp.asarray(7, jnp.int32), jnp.asarray(True),
             jnp.asarray(0.3, jnp.bfloat16), jnp.float32(np.nan)]  # fmt: skip
     expected = [1.5, 2.5, 7.0, 1.0, float(np.asarray(jnp.asarray(0.3, jnp.bfloat16), np.float64)), np.nan]
@@ -111,6 +124,12 @@ def test_the_agent_reads_a_column_of_jax_scalars_and_drops_only_what_is_not_one_
 
 def _gradient_sized_buffers(health: bool) -> int:
     """Buffers of the largest gradient's shape that XLA writes in an Adam step (the optimized HLO's ops)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from trainvigil.agents.integrations import jax as vigil_jax
+
     params = {"w": jnp.ones((64, 512)), "b": jnp.zeros(512)}
     x = jnp.ones((256, 64))
     opt = optax.adam(1e-3)
@@ -129,6 +148,8 @@ def _gradient_sized_buffers(health: bool) -> int:
 def test_grad_health_makes_xla_write_no_gradient_sized_buffer_beside_adams() -> None:
     # (asked here, not in a skipif: starting JAX's backend while tests collect would put its threads
     # into every later os.fork() of this process, the GIL tests' among them)
+    import jax
+
     if jax.default_backend() != "cpu":
         pytest.skip("what XLA fuses differs by backend")
     # Adam squares the same gradients: merged with grad_health's squares, XLA on the CPU wrote them out

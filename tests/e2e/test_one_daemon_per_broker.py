@@ -15,7 +15,8 @@ import nats
 from nats.aio.msg import Msg
 from support import Daemon, NatsServer, finish, run_producer, vigil, wait_for
 
-from trainvigil.daemon.broker.holders import HOLDERS_SUBJECT, Holder, unsharded_holder
+from trainvigil.daemon.broker.holders import Holder, unsharded_holder
+from trainvigil.schemas import DEFAULT_SUBJECTS
 
 EXIT_USAGE = 2
 REFUSED = 'vigil_replies_refused_total{responder="holders"}'
@@ -162,7 +163,7 @@ def test_who_holds_the_consumer_is_answered_in_inboxes_only(daemon: Daemon) -> N
                 seen.append(msg)
 
             victim = await nc.subscribe("vigil.v1.victim.metrics", cb=into_stream)
-            await nc.publish(HOLDERS_SUBJECT, b"", reply="vigil.v1.victim.metrics")
+            await nc.publish(DEFAULT_SUBJECTS.holders, b"", reply="vigil.v1.victim.metrics")
             holder = await unsharded_holder(nc, look_s=5)
             await nc.flush()
             await victim.unsubscribe()

@@ -12,12 +12,19 @@ from pathlib import Path
 import pytest
 from support import Daemon, NatsServer, wait_for
 
-pytest.importorskip("ray.train.torch")
+
+@pytest.fixture(autouse=True)
+def _ray_train_torch() -> None:
+    """Skips this module's tests without Ray Train's torch support; imported here, not at the top, because
+    it takes seconds and every test process collects every module."""
+    pytest.importorskip("ray.train.torch")
+
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "integrations" / "ray_train.py"
 """The docs' Ray Train example, a whole script."""
 
 
+@pytest.mark.timeout(100)  # starts a local Ray instance and two torch workers: ~33 s
 def test_ray_train_workers_log_as_the_ranks_of_one_run_with_no_arguments(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:

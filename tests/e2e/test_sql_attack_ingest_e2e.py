@@ -40,6 +40,7 @@ def daemon(nats_server: NatsServer, tmp_path: Path) -> Iterator[Daemon]:
     d.kill()
 
 
+@pytest.mark.serial  # bounds the pause between commits
 def test_attack_queries_during_ingest_cost_no_step_and_never_stall_commits(
     daemon: Daemon, nats_server: NatsServer
 ) -> None:

@@ -302,6 +302,7 @@ def test_a_run_with_200_evals_draws_them_in_one_lane_and_pages_its_events_table(
     _shot(page, "run-many-events.png")
 
 
+@pytest.mark.serial  # a 2 s latency bound through a browser
 def test_a_step_logged_while_the_run_page_is_open_appears_within_2_s(site: Site, page: object) -> None:
     _open(page, site, "/run?id=" + quote(RUN))
     page.wait_for_function("() => document.querySelector('#live').classList.contains('on')", timeout=5000)  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ whether anything was lost."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import math
 import re
@@ -32,16 +33,12 @@ from trainvigil.agents._values import MAX_ITEMS, make_event
 from trainvigil.agents.columnar import Entry, StepBatchBuilder, _to_floats, build_step_batch
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import StreamConfig
-from trainvigil.schemas import Envelope, RunEvent, RunStart, StepBatch, decode, run_token
+from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, RunEvent, RunStart, StepBatch, decode, run_token
 from trainvigil.schemas.limits import MAX_FIELDS_DEPTH, MAX_NAME, fields_depth
-from trainvigil.schemas.subjects import PREFIX
 
-try:
-    import torch
-except ImportError:  # the agent never needs torch; only the tensor cases do
-    torch = None  # type: ignore[assignment]  # the usual optional import: tests check `torch is None`
-
-needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
+# The agent never needs torch; only the tensor cases do, and they import it (collecting this module stays light).
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 
 NAN = "NaN"  # NaN stands in for itself in comparisons (NaN != NaN)
 
@@ -233,7 +230,8 @@ def test_metric_name_that_is_not_utf8_is_dropped_not_the_batch() -> None:
 
 @needs_torch
 def test_builder_reads_tensors_of_every_kind_and_drops_the_rest() -> None:
-    assert torch is not None
+    import torch
+
     weight = torch.tensor(1.5, requires_grad=True)
     good = [
         (torch.tensor(0.1), float(torch.tensor(0.1))),
@@ -257,7 +255,8 @@ def test_builder_reads_tensors_of_every_kind_and_drops_the_rest() -> None:
 
 @needs_torch
 def test_a_column_of_tensors_alone_is_read_whole_as_the_values_themselves() -> None:
-    assert torch is not None
+    import torch
+
     weight = torch.tensor(0.5, requires_grad=True)
     kinds = [
         lambda i: torch.tensor(i / 7),
@@ -271,10 +270,11 @@ def test_a_column_of_tensors_alone_is_read_whole_as_the_values_themselves() -> N
     assert [row["t"] for _, row in _rows(batch)] == [float(v.detach().reshape(())) for v in column]
 
 
-_TENSOR_KINDS: list[tuple[str, Any]] = (
-    []
-    if torch is None
-    else [
+def _tensor_kinds() -> list[tuple[str, Any]]:
+    """Nine kinds of tensor, each made from one float: (name, maker)."""
+    import torch
+
+    return [
         ("float32", lambda x: torch.tensor(x)),
         ("float16", lambda x: torch.tensor(x, dtype=torch.float16)),
         ("bfloat16, 1 element", lambda x: torch.tensor([x], dtype=torch.bfloat16)),
@@ -285,7 +285,6 @@ _TENSOR_KINDS: list[tuple[str, Any]] = (
         ("empty", lambda x: torch.zeros(0)),
         ("complex", lambda x: torch.tensor(complex(x, 1.0))),
     ]
-)
 
 
 @needs_torch
@@ -294,7 +293,8 @@ _TENSOR_KINDS: list[tuple[str, Any]] = (
 def test_a_column_of_tensors_reads_each_tensor_holding_one_real_number_and_refuses_the_rest(
     column: list[tuple[int, float]],
 ) -> None:
-    values = [_TENSOR_KINDS[k][1](x) for k, x in column]
+    kinds = _tensor_kinds()
+    values = [kinds[k][1](x) for k, x in column]
     got, present = _to_floats(values)
     # the oracle, independent of the agent's readers: one real element, or refused
     expected = [None if v.numel() != 1 or v.is_complex() else float(v.detach().reshape(())) for v in values]
@@ -480,7 +480,8 @@ def test_event_kind_becomes_str_and_a_bad_step_is_dropped(
 
 @needs_torch
 def test_event_fields_read_tensors_at_call_time() -> None:
-    assert torch is not None
+    import torch
+
     acc = torch.tensor(0.5, requires_grad=True) * 1
     hist = torch.tensor([1.0, 2.0], dtype=torch.float16)
     event, refused = make_event(
@@ -509,7 +510,7 @@ async def _read_run(url: str, run_id: str) -> list[tuple[str, Envelope]]:
     nc = await nats.connect(url, connect_timeout=2)
     try:
         js = nc.jetstream()
-        sub = await js.pull_subscribe(f"{PREFIX}.{run_token(run_id)}.*", stream=StreamConfig().name)
+        sub = await js.pull_subscribe(f"{DEFAULT_SUBJECTS.prefix}.{run_token(run_id)}.*", stream=StreamConfig().name)
         want = (await sub.consumer_info()).num_pending
         assert want is not None
         out: list[tuple[str, Envelope]] = []
@@ -720,7 +721,9 @@ def _good_metric() -> st.SearchStrategy[tuple[Any, Any]]:
         _numpy_scalar().map(lambda p: (np.array(p[0]), float(p[1]))),
         _numpy_scalar().map(lambda p: (np.array([p[0]]), float(p[1]))),
     ]
-    if torch is not None:
+    if HAS_TORCH:
+        import torch
+
         numbers.append(st.floats(width=32).map(lambda x: (torch.tensor(x), float(torch.tensor(x)))))
         numbers.append(st.integers(-(2**40), 2**40).map(lambda i: (torch.tensor(i), float(i))))
     return st.one_of(numbers)
@@ -779,7 +782,9 @@ def _field_leaf() -> st.SearchStrategy[tuple[Any, Any, int]]:
             lambda a: (a, a.tolist(), 0)
         ),
     ]
-    if torch is not None:
+    if HAS_TORCH:
+        import torch
+
         good.append(
             st.lists(st.floats(width=32), max_size=4).map(lambda xs: (torch.tensor(xs), torch.tensor(xs).tolist(), 0))
         )

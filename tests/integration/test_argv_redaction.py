@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from support import Daemon, NatsServer, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, wait_for
 
 from trainvigil.agents._redact import redact_argv
 
@@ -88,7 +89,7 @@ def _produce(url: str, run_id: str, *args: str, env: dict[str, str] | None = Non
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def _recorded(daemon: Daemon, run_id: str) -> tuple[list[str], list[str]]:
+def _recorded(daemon: InProcessDaemon, run_id: str) -> tuple[list[str], list[str]]:
     """The argv the history holds for ``run_id``: in its ``run_start`` event and in ``runs``."""
     wait_for(
         lambda: daemon.scalar(f"select count(*) from events where run_id = '{run_id}' and kind = 'run_end'") == 1,
@@ -100,7 +101,7 @@ def _recorded(daemon: Daemon, run_id: str) -> tuple[list[str], list[str]]:
     return event["argv"], runs
 
 
-def test_a_token_on_the_command_line_is_not_stored(daemon: Daemon, nats_server: NatsServer) -> None:
+def test_a_token_on_the_command_line_is_not_stored(daemon: InProcessDaemon, nats_server: NatsServer) -> None:
     """Before: ``run_start`` kept ``--hf-token hf_...`` verbatim, for good."""
     _produce(nats_server.url, "redacted", "--hf-token", HF, f"--openai-key={SK}", "--lr", "3e-4")
     event, runs = _recorded(daemon, "redacted")
@@ -109,7 +110,9 @@ def test_a_token_on_the_command_line_is_not_stored(daemon: Daemon, nats_server: 
     assert HF not in everything and SK not in everything
 
 
-def test_vigil_redact_argv_0_records_the_command_line_verbatim(daemon: Daemon, nats_server: NatsServer) -> None:
+def test_vigil_redact_argv_0_records_the_command_line_verbatim(
+    daemon: InProcessDaemon, nats_server: NatsServer
+) -> None:
     _produce(nats_server.url, "verbatim", "--hf-token", HF, env={"VIGIL_REDACT_ARGV": "0"})
     event, _ = _recorded(daemon, "verbatim")
     assert event == ["-c", "--hf-token", HF, "verbatim"]

@@ -6,6 +6,7 @@ unreadable result event does, and an optimizer that cannot be built (exit 2 befo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -13,23 +14,25 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import Daemon
+from inprocess import InProcessDaemon
 
-pytest.importorskip("torch")
-
-from trainvigil.daemon.cli._optim_report import summary
 from trainvigil.daemon.cli.main import main as vigil_main
 from trainvigil.daemon.store._optim import COLUMNS, optim_rows
-from trainvigil.optim.bench import stats
-from trainvigil.optim.bench.specs import BUILTINS, SpecError, from_flag, parse_kwargs
 from trainvigil.schemas import RunEvent, Source
 from trainvigil.schemas.optim import OPTIM_RESULT_EVENT, OptimResult
 
+# trainvigil.optim (and the daemon's optim report, which uses its statistics) imports torch: the tests import
+# them, so that collecting this module stays light.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
 
+
+@pytest.mark.timeout(180)  # trains every optimizer twice through a daemon: ~33 s, ~90 s loaded
 def test_quick_bench_stores_every_optimizer_and_the_detectors_mark_lion_at_1000x_unstable(
-    daemon: Daemon, tmp_path: Path
+    daemon: InProcessDaemon, tmp_path: Path
 ) -> None:
     """Each optimizer's runs are real runs of the daemon; Lion at 1000x its LR draws a loss_spike page."""
+    from trainvigil.optim.bench.specs import BUILTINS
+
     done = subprocess.run(
         [sys.executable, "-m", "trainvigil.daemon.cli", "bench-optim", "--quick", "--workload", "quadratic",
          "--seeds", "1", "--steps", "600", "--unstable-factor", "1000", "--nats", daemon.nats_url,
@@ -57,7 +60,7 @@ def test_quick_bench_stores_every_optimizer_and_the_detectors_mark_lion_at_1000x
     assert "stored in optim_results" in done.stderr
 
 
-def test_optim_results_columns_are_commented(daemon: Daemon) -> None:
+def test_optim_results_columns_are_commented(daemon: InProcessDaemon) -> None:
     comments = daemon.sql(
         "SELECT column_name, comment FROM duckdb_columns() WHERE table_name = 'optim_results' ORDER BY column_index"
     ).rows
@@ -71,6 +74,8 @@ def test_an_optimizer_that_is_not_one_exits_2_before_any_run(capsys: pytest.Capt
 
 
 def test_specs_from_flags() -> None:
+    from trainvigil.optim.bench.specs import BUILTINS, SpecError, from_flag, parse_kwargs
+
     spec = from_flag("torch.optim:SGD", parse_kwargs(["momentum=0.9", "nesterov=true"]), 0.1)
     assert (spec.name, spec.kwargs, spec.lr) == ("sgd", {"momentum": 0.9, "nesterov": True}, 0.1)
     assert from_flag("lion", {}, None).lr_factor == BUILTINS["lion"].lr_factor
@@ -89,6 +94,8 @@ def test_an_unreadable_result_event_makes_no_row() -> None:
 
 
 def test_welch_and_intervals_match_scipy() -> None:
+    from trainvigil.optim.bench import stats
+
     a, b = [1.0, 1.2, 0.9, 1.1], [1.5, 1.4, 1.7]
     t, p = stats.welch(a, b)
     assert t == pytest.approx(-4.422458539645533) and p == pytest.approx(0.011756015260926784, rel=1e-9)
@@ -99,6 +106,8 @@ def test_welch_and_intervals_match_scipy() -> None:
 
 
 def test_summary_ranks_by_final_loss_within_each_workload() -> None:
+    from trainvigil.daemon.cli._optim_report import summary
+
     def r(opt: str, seed: int, loss: float) -> OptimResult:
         return OptimResult(run_id=f"optim-{opt}-q-s{seed}", optimizer=opt, workload="q", seed=seed, final_loss=loss,
                            stable=opt != "lion")  # fmt: skip

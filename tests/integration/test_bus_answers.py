@@ -25,12 +25,9 @@ from trainvigil.agents.publisher import NatsPublisher
 from trainvigil.daemon.broker.ratelimit import Buckets, Tally
 from trainvigil.daemon.broker.replies import asker_of, inbox_prefixes
 from trainvigil.daemon.config import StreamConfig
-from trainvigil.schemas import QUERY_SUBJECT, Envelope, Heartbeat, Source, encode
-from trainvigil.schemas.canaries import CANARY_SUBJECT
+from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, Heartbeat, Source, encode
 from trainvigil.schemas.credentials import BusAccess
 from trainvigil.schemas.query import QueryRequest, QueryResult
-from trainvigil.schemas.shards import SHARDS_SUBJECT
-from trainvigil.schemas.subjects import data_subject
 
 STREAM = StreamConfig()
 WATCHED = ["vigil.v1.*.victim.metrics"]
@@ -123,7 +120,9 @@ def test_a_reader_naming_a_stream_alert_control_or_api_subject_as_its_reply_gets
 
     async def attack() -> None:
         sql = msgspec.msgpack.encode(QueryRequest(sql="select repeat('x', 100000) as big"))
-        answer.append(await _ask_with_replies(bus.nats_url, bus.creds("reader"), QUERY_SUBJECT, sql, FORBIDDEN_REPLIES))
+        answer.append(
+            await _ask_with_replies(bus.nats_url, bus.creds("reader"), DEFAULT_SUBJECTS.query, sql, FORBIDDEN_REPLIES)
+        )
 
     seen = _watching(bus.nats_url, bus.creds("daemon"), [s for s in FORBIDDEN_REPLIES if "*" not in s], attack)
     assert [m.subject for m in seen] == []
@@ -142,7 +141,7 @@ def test_a_canary_trigger_naming_an_alert_subject_as_its_reply_gets_nothing_publ
     answer: list[Msg] = []
 
     async def attack() -> None:
-        answer.append(await _ask_with_replies(bus.nats_url, bus.creds("daemon"), CANARY_SUBJECT, b"", replies))
+        answer.append(await _ask_with_replies(bus.nats_url, bus.creds("daemon"), DEFAULT_SUBJECTS.canary, b"", replies))
 
     assert _watching(bus.nats_url, bus.creds("daemon"), replies, attack) == []
     assert answer[0].data, "a trigger from an inbox is answered"
@@ -155,7 +154,7 @@ def test_a_shard_answers_its_roll_call_and_queries_in_inboxes_only(sharded: tupl
     sql = msgspec.msgpack.encode(QueryRequest(sql="select 1"))
 
     async def attack() -> None:
-        for subject, payload in [(SHARDS_SUBJECT, b""), (daemon.shard.query_subject, sql)]:
+        for subject, payload in [(DEFAULT_SUBJECTS.roll_call, b""), (daemon.shard.query_subject, sql)]:
             replies = [s for s in FORBIDDEN_REPLIES if "*" not in s]
             answers.append(await _ask_with_replies(broker.url, broker.creds("reader"), subject, payload, replies))
 
@@ -186,7 +185,7 @@ def test_one_readers_flood_is_answered_busy_and_a_second_readers_query_still_suc
             await nc.subscribe(inbox, cb=keep)
             request = msgspec.msgpack.encode(QueryRequest(sql="select count(*) from steps"))
             for _ in range(FLOOD):
-                await nc.publish(QUERY_SUBJECT, request, reply=inbox)
+                await nc.publish(DEFAULT_SUBJECTS.query, request, reply=inbox)
             await nc.flush()
             # The second reader asks while the daemon still works through the flood.
             second = await asyncio.to_thread(
@@ -213,7 +212,7 @@ def test_one_readers_flood_is_answered_busy_and_a_second_readers_query_still_suc
 
 def _heartbeat(run_id: str, seq: int) -> OutMsg:
     envelope = Envelope(source=Source(run_id=run_id, host="h", pid=1), seq=seq, records=[Heartbeat(time=1.0)])
-    return OutMsg(data_subject(run_id, "hb"), f"{run_id}/0/h/1/n/{seq}", encode(envelope), 1)
+    return OutMsg(DEFAULT_SUBJECTS.data(run_id, "hb"), f"{run_id}/0/h/1/n/{seq}", encode(envelope), 1)
 
 
 def test_each_agent_reads_its_acks_in_an_inbox_of_its_own_connection_and_never_another_agents(

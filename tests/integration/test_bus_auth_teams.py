@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from support import AuthBroker, ShardDaemon, finish, run_producer, secured_shard, turned_away, vigil, wait_for
 
 from trainvigil.daemon.broker.auth import permissions
-from trainvigil.schemas import STREAM_SUBJECTS
+from trainvigil.schemas import DEFAULT_SUBJECTS
 from trainvigil.schemas.credentials import BusAccess
 from trainvigil.schemas.shards import partition_subjects
 
@@ -147,7 +147,7 @@ def test_a_malformed_team_is_refused_in_one_line(tmp_path: Path, value: str, say
 
 
 def test_a_teams_permissions_name_its_runs_subjects_only_and_their_partitions_when_sharded() -> None:
-    kinds = [s.rsplit(".", 1)[1] for s in STREAM_SUBJECTS]
+    kinds = [s.rsplit(".", 1)[1] for s in DEFAULT_SUBJECTS.stream_subjects]
     plain = permissions("agent", "agent-vision", runs=("vision-1", "vision/2"))
     assert plain is not None
     assert plain["publish"]["allow"] == [f"vigil.v1.{t}.{k}" for t in ("vision-1", "vision_2") for k in kinds]

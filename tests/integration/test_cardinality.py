@@ -50,6 +50,7 @@ def _rss(d: Daemon) -> float:
     return memory_mib(d.process.pid, "VmRSS")
 
 
+@pytest.mark.timeout(140)  # a flood, then its idle time-out and the RSS going back: ~46 s
 @pytest.mark.slow
 def test_a_flood_of_runs_is_forgotten_after_the_idle_time_out_and_a_live_run_still_pages(
     nats_server: NatsServer, flooded_daemon: Daemon

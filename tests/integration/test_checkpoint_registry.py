@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import Daemon, NatsServer, vigil, vigil_together, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, vigil, vigil_together, wait_for
 
-pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
 
 TRAIN = """
 import sys, torch, trainvigil
@@ -52,10 +54,11 @@ def _flip_last_byte_of_tensor_data(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.timeout(90)  # three torch processes and four CLIs: ~29 s
 def test_the_registry_shows_saves_loads_failures_lineage_and_who_saved_a_file(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    d = Daemon(nats_server.url, tmp_path / "data")
+    d = InProcessDaemon(nats_server.url, tmp_path / "data")
     d.start()
     try:
         first, second = tmp_path / "first.pt", tmp_path / "second.pt"

@@ -19,7 +19,8 @@ from typing import Any
 import anyio
 import pytest
 import structlog
-from support import Daemon, NatsServer, free_port, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, free_port, wait_for
 
 from trainvigil.daemon.broker.embedded import supervise
 from trainvigil.daemon.store.writer import Store
@@ -260,6 +261,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Out
             server.stop()
 
 
+@pytest.mark.timeout(90)  # the first case runs the module's every CLI (its fixture): ~30 s
+@pytest.mark.serial  # runs every case's CLI at once, each bounded
 @pytest.mark.parametrize("name", list(CASES))
 def test_failure_is_one_line_with_the_documented_exit_code(name: str, outcomes: dict[str, Outcome]) -> None:
     case, done, took = outcomes[name].case, outcomes[name].done, outcomes[name].took
@@ -281,7 +284,7 @@ def test_a_smaller_stream_limit_fits_a_broker_with_little_storage(tmp_path: Path
     """The way out that the error names: with stream.max_bytes under what the broker may store, the daemon runs
     on that broker and stores what an agent sends."""
     server = small_broker(tmp_path)
-    daemon = Daemon(server.url, tmp_path / "data", env={"VIGIL_STREAM_MAX_BYTES": str(32 * 2**20)})
+    daemon = InProcessDaemon(server.url, tmp_path / "data", env={"VIGIL_STREAM_MAX_BYTES": str(32 * 2**20)})
     try:
         daemon.start()
         env = {**os.environ, "VIGIL_NATS_URL": server.url}

@@ -12,15 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from docs_gen import load_reference
 from support import vigil_together
 
 from trainvigil.daemon.cli import _exits
 from trainvigil.daemon.cli.main import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "docs" / "_gen"))
-
-import reference  # noqa: E402  (docs/_gen, beside the mkdocs hook)
+reference = load_reference()
 
 GUARD_S = 60.0
 """A refused argument needs no broker, daemon or network: far less than a daemon's start, even loaded."""

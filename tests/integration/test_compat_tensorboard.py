@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import Daemon, NatsServer, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, wait_for
 
 from trainvigil.tensorboard import SummaryWriter
 
@@ -36,13 +37,13 @@ writer.close()
 """
 
 
-def _fields(daemon: Daemon, run_id: str, kind: str) -> list[dict[str, object]]:
+def _fields(daemon: InProcessDaemon, run_id: str, kind: str) -> list[dict[str, object]]:
     rows = daemon.sql(f"select fields from events where run_id = '{run_id}' and kind = '{kind}' order by time").rows
     return [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in rows]
 
 
 def test_a_tensorboard_script_logs_scalars_under_both_names_and_a_nan_loss_pages(
-    daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Daemon, NatsServer, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, wait_for
 
 import trainvigil.wandb as wandb
 from trainvigil.errors import VigilError
@@ -42,13 +43,13 @@ wandb.finish()
 """
 
 
-def _fields(daemon: Daemon, run_id: str, kind: str) -> list[dict[str, object]]:
+def _fields(daemon: InProcessDaemon, run_id: str, kind: str) -> list[dict[str, object]]:
     rows = daemon.sql(f"select fields from events where run_id = '{run_id}' and kind = '{kind}' order by time").rows
     return [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in rows]
 
 
 def test_a_wandb_script_logs_under_its_names_and_the_detectors_and_a_nan_loss_pages(
-    daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

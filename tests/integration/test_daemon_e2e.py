@@ -8,6 +8,7 @@ import urllib.request
 
 import msgspec
 import nats
+from inprocess import InProcessDaemon
 from support import Daemon, NatsServer, finish, run_producer, vigil_together, wait_for
 
 from trainvigil.schemas import Envelope, RunEvent, Source, encode
@@ -25,7 +26,7 @@ def _good(run_id: str) -> bytes:
     return encode(Envelope(source=Source(run_id=run_id), seq=1, records=[RunEvent(time=1.0, kind="ok")]))
 
 
-def test_bad_messages_become_dead_letters_and_ingest_goes_on(daemon: Daemon, nats_server: NatsServer) -> None:
+def test_bad_messages_become_dead_letters_and_ingest_goes_on(process_daemon: Daemon, nats_server: NatsServer) -> None:
     good = msgspec.msgpack.decode(_good("dl"))
     wrong_version = msgspec.msgpack.encode({**good, "v": 2})
     truncated = _good("dl")[:-7]
@@ -42,20 +43,24 @@ def test_bad_messages_become_dead_letters_and_ingest_goes_on(daemon: Daemon, nat
         )
     )
     wait_for(
-        lambda: daemon.scalar("select count(*) from events where run_id = 'dl' and kind = 'ok'") == 1,
+        lambda: process_daemon.scalar("select count(*) from events where run_id = 'dl' and kind = 'ok'") == 1,
         30,
         "the good message after the bad ones",
     )
-    rows = daemon.sql("select subject, reason, error, octet_length(raw) from dead_letters order by stream_seq").rows
+    rows = process_daemon.sql(
+        "select subject, reason, error, octet_length(raw) from dead_letters order by stream_seq"
+    ).rows
     assert len(rows) == 3, rows
     assert [r[0] for r in rows] == ["vigil.v1.dl.metrics", "vigil.v1.dl.run", "vigil.v1.dl.run"]
     assert rows[1][1] == "schema_version" and "2" in rows[1][2]
     assert all(r[1] and r[2] for r in rows), "every dead letter has a reason and an error text"
     assert [r[3] for r in rows] == [len(garbage), len(wrong_version), len(truncated)], "raw bytes are kept whole"
-    assert daemon.process is not None and daemon.process.poll() is None, "the daemon keeps running"
+    assert process_daemon.process is not None and process_daemon.process.poll() is None, "the daemon keeps running"
 
 
-def test_vigil_sql_refuses_writes_and_file_access(daemon: Daemon, nats_server: NatsServer, tmp_path: object) -> None:
+def test_vigil_sql_refuses_writes_and_file_access(
+    daemon: InProcessDaemon, nats_server: NatsServer, tmp_path: object
+) -> None:
     proc = run_producer(nats_server.url, "ro", 0, 100)
     finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'ro'") == 100, 30, "100 rows")
@@ -87,7 +92,7 @@ def test_vigil_sql_refuses_writes_and_file_access(daemon: Daemon, nats_server: N
     assert row["run_id"] == "ro" and row["steps"] == 100 and row["last_step"] == 99 and row["status"] == "ok"
 
 
-def test_vigil_sql_reads_the_file_when_no_daemon_runs(daemon: Daemon, nats_server: NatsServer) -> None:
+def test_vigil_sql_reads_the_file_when_no_daemon_runs(daemon: InProcessDaemon, nats_server: NatsServer) -> None:
     proc = run_producer(nats_server.url, "offline", 0, 50)
     finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'offline'") == 50, 30, "50 rows")
@@ -105,7 +110,7 @@ def test_vigil_sql_reads_the_file_when_no_daemon_runs(daemon: Daemon, nats_serve
     assert refused.returncode == 1
 
 
-def test_healthz_and_metrics(daemon: Daemon, nats_server: NatsServer) -> None:
+def test_healthz_and_metrics(daemon: InProcessDaemon, nats_server: NatsServer) -> None:
     proc = run_producer(nats_server.url, "http", 0, 300)
     finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'http'") == 300, 30, "300 rows")

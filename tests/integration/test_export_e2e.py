@@ -11,9 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from inprocess import InProcessDaemon
 from support import (
     Daemon,
     NatsServer,
+    SqlOverNats,
     expected_loss,
     finish,
     run_producer,
@@ -32,7 +34,7 @@ STEPS, RANKS = 1500, 2  # 3000 rows against a row limit of 1000: at least three 
 STEP_COLUMNS = ["run_id", "rank", "step", "time", *KNOWN_METRICS, "extra"]  # the order of the steps table
 
 
-def _fill(daemon: Daemon, url: str) -> None:
+def _fill(daemon: SqlOverNats, url: str) -> None:
     producers = [run_producer(url, "ex", rank, STEPS) for rank in range(RANKS)] + [run_producer(url, "other", 0, 50)]
     for proc in producers:
         finish(proc)
@@ -84,13 +86,13 @@ def test_parquet_export_keeps_duckdbs_types(small_daemon: Daemon, tmp_path: Path
 
 
 def test_pages_cut_by_the_byte_budget_are_continued(nats_server: NatsServer, tmp_path: Path) -> None:
-    d = Daemon(nats_server.url, tmp_path / "bytes", env={"VIGIL_QUERY_MAX_BYTES": "20000"})
+    d = InProcessDaemon(nats_server.url, tmp_path / "bytes", env={"VIGIL_QUERY_MAX_BYTES": "20000"})
     d.start()
     try:
         _fill(d, nats_server.url)
         done = vigil("export", "ex", "--format", "csv", "--nats", nats_server.url)
     finally:
-        d.kill()
+        d.close()
     assert done.returncode == EXIT_OK, done.stderr
     table = list(csv.DictReader(io.StringIO(done.stdout)))
     _check_steps([{**r, "rank": int(r["rank"]), "step": int(r["step"]), "loss": float(r["loss"])} for r in table])
@@ -126,7 +128,7 @@ def test_o_replaces_the_file_whole(small_daemon: Daemon, tmp_path: Path) -> None
 
 
 def test_without_a_daemon_the_file_is_read(nats_server: NatsServer, tmp_path: Path) -> None:
-    d = Daemon(nats_server.url, tmp_path / "data", env=ROW_LIMIT)  # its own: this test stops it
+    d = InProcessDaemon(nats_server.url, tmp_path / "data", env=ROW_LIMIT)  # its own: this test stops it
     d.start()
     try:
         _fill(d, nats_server.url)

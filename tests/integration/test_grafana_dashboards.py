@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import Daemon, NatsServer, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, wait_for
 
 from trainvigil.daemon.broker.embedded import free_port
 
@@ -65,8 +66,8 @@ def _ready(url: str) -> bool:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, nats_server: NatsServer) -> Iterator[tuple[str, Daemon]]:
-    daemon = Daemon(nats_server.url, tmp_path / "data")
+def prometheus(tmp_path: Path, nats_server: NatsServer) -> Iterator[tuple[str, InProcessDaemon]]:
+    daemon = InProcessDaemon(nats_server.url, tmp_path / "data")
     daemon.start()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -101,7 +102,7 @@ def test_the_compose_prometheus_configuration_passes_promtool() -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_every_dashboard_query_returns_data(prometheus: tuple[str, Daemon]) -> None:
+def test_every_dashboard_query_returns_data(prometheus: tuple[str, InProcessDaemon]) -> None:
     url, daemon = prometheus
     began = time.time()
     # NaN losses from step 150 on keep a page open (non_finite): the alert panels and the annotation show it.

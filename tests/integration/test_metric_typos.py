@@ -8,7 +8,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from support import Daemon, NatsServer, vigil, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, vigil, wait_for
 
 import trainvigil
 from trainvigil.agents._values import resembles_known
@@ -24,7 +25,7 @@ def _typo_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-def _log_run(daemon: Daemon, nats_url: str, run_id: str, spill: Path) -> None:
+def _log_run(daemon: InProcessDaemon, nats_url: str, run_id: str, spill: Path) -> None:
     agent = trainvigil.init(run_id=run_id, nats_url=nats_url, spill_dir=spill, flush_interval=0.05)
     for step in range(STEPS):
         agent.log(step, los=1.0 / (step + 1), grad_nrom=0.5, lr=1e-3, grad_norm=0.4, val_loss=2.0)
@@ -37,7 +38,7 @@ def _log_run(daemon: Daemon, nats_url: str, run_id: str, spill: Path) -> None:
 
 
 def test_an_agent_warns_once_per_metric_name_that_resembles_a_known_one(
-    daemon: Daemon, nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    daemon: InProcessDaemon, nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trainvigil.agent")
     _log_run(daemon, nats_server.url, "typos", tmp_path / "spill")
@@ -74,7 +75,7 @@ def test_which_names_resemble_a_known_metric(name: str, known: str | None) -> No
 
 
 def test_plotting_a_metric_the_run_lacks_is_a_usage_error_that_suggests_the_closest(
-    daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     pytest.importorskip("matplotlib")  # without it plot stops earlier, saying so
     _log_run(daemon, nats_server.url, "plotted", tmp_path / "spill")

@@ -20,7 +20,7 @@ from support import AuthBroker, Daemon, NatsServer, finish, run_producer, vigil,
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import Anomaly, Envelope, Source, alert_subject, encode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Envelope, Source, encode
 from trainvigil.schemas.natsurl import parse_nats_url
 
 
@@ -152,7 +152,9 @@ def test_vigil_alerts_follow_fails_over_along_a_comma_separated_list(nats_server
             async def publish() -> None:
                 nc = await nats.connect(nats_server.url)
                 alert = Anomaly(time=1.0, run_id="far", rank=0, step=3, detector="nan", severity="page", state="open")
-                await nc.publish(alert_subject("far"), encode(Envelope(source=Source(run_id="far"), records=[alert])))
+                await nc.publish(
+                    DEFAULT_SUBJECTS.alert("far"), encode(Envelope(source=Source(run_id="far"), records=[alert]))
+                )
                 await nc.flush()
                 await nc.close()
 

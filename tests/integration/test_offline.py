@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from inprocess import InProcessDaemon
 from support import Daemon, NatsServer, finish, run_producer, wait_for
 
 import trainvigil
@@ -39,8 +40,7 @@ from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.daemon.cli.main import EXIT_OK
 from trainvigil.daemon.cli.main import main as vigil_main
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import Envelope, RunEvent, Source, StepBatch, decode, encode
-from trainvigil.schemas.subjects import data_subject
+from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, RunEvent, Source, StepBatch, decode, encode
 
 N = 2000
 WARNING = "no broker answers at"
@@ -91,12 +91,12 @@ def _push(spill: Path, url: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _rows(daemon: Daemon, run_id: str) -> int:
+def _rows(daemon: InProcessDaemon, run_id: str) -> int:
     return int(daemon.scalar(f"select count(*) from steps where run_id = '{run_id}'"))
 
 
 def test_offline_run_keeps_its_steps_and_vigil_push_delivers_them_exactly_once(
-    daemon: Daemon, nats_server: NatsServer, spill: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, spill: Path
 ) -> None:
     _run_offline("offline-push", spill)
     pushed = _push(spill, nats_server.url)
@@ -114,7 +114,7 @@ def test_offline_run_keeps_its_steps_and_vigil_push_delivers_them_exactly_once(
 
 
 def test_an_agent_whose_broker_answers_writes_nothing_to_its_spill_directory(
-    daemon: Daemon, nats_server: NatsServer, spill: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, spill: Path
 ) -> None:
     """Only a broker found away sends messages to disk: a read-only home hears no warning from a healthy run."""
     agent = trainvigil.init(run_id="online-only", nats_url=nats_server.url, flush_interval=0.01)
@@ -137,7 +137,7 @@ def test_next_agent_delivers_the_leftover_and_killed_agents_files_meant_for_its_
     tmp_path: Path, spill: Path
 ) -> None:
     server = NatsServer(tmp_path / "jetstream")  # its port stays closed until it starts
-    daemon = Daemon(server.url, tmp_path / "data")
+    daemon = InProcessDaemon(server.url, tmp_path / "data")
     kept = _run_offline("offline-left", spill, server.url)
     elsewhere = _run_offline("offline-elsewhere", spill)
     killed = _kill_after_spilling("offline-killed", server.url)
@@ -158,13 +158,12 @@ def test_next_agent_delivers_the_leftover_and_killed_agents_files_meant_for_its_
             assert _rows(daemon, run_id) == N
         assert _rows(daemon, "offline-elsewhere") == 0
     finally:
-        if daemon.process is not None and daemon.process.poll() is None:
-            daemon.kill()
+        daemon.close()
         server.stop()
 
 
 def test_a_script_that_exits_before_its_agent_connected_still_delivers_the_leftovers_without_an_error(
-    daemon: Daemon, nats_server: NatsServer, spill: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, spill: Path
 ) -> None:
     """The agent connects on its own thread; a script that ends at once has the interpreter shutting down
     by then, when asyncio's thread pool can no longer start: adopting killed agents' files there failed
@@ -501,7 +500,7 @@ def _kill_after_spilling(run_id: str, url: str, check: Callable[[Path], None] = 
 
 
 def test_a_killed_agents_spill_file_is_adopted_and_pushed_exactly_once_but_never_while_it_lives(
-    daemon: Daemon, nats_server: NatsServer, spill: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, spill: Path
 ) -> None:
     """SIGKILL (the OOM killer) runs no exit: the spill file stays as it was. The next agent or
     vigil push seals it once its process is gone, a frame cut short by the kill cut off."""
@@ -534,7 +533,7 @@ def _event_file(path: Path, run_id: str, broker: str, count: int) -> list[int]:
     source = Source(run_id=run_id, host="h", pid=1)
     then = time.time() - count
     frames = [
-        frame(OutMsg(data_subject(run_id, "run"), f"{run_id}/0/h/1/n/{i}", encode(envelope), 1))
+        frame(OutMsg(DEFAULT_SUBJECTS.data(run_id, "run"), f"{run_id}/0/h/1/n/{i}", encode(envelope), 1))
         for i in range(count)
         for envelope in [Envelope(source=source, seq=i + 1, records=[RunEvent(time=then + i, kind="note", step=i)])]
     ]
@@ -627,7 +626,7 @@ def test_a_broker_that_stores_nothing_is_away_too_so_a_killed_agent_loses_nothin
         _, err = proc.communicate(timeout=30)
     assert said == b"safe\n", said + err[-2000:]  # and nothing before it: retries print nothing
     assert err.count(b"does not acknowledge what is published") == 1, err[-2000:]
-    daemon = Daemon(nats_server.url, tmp_path / "data")
+    daemon = InProcessDaemon(nats_server.url, tmp_path / "data")
     daemon.start()  # the stream exists from now on
     try:
         pushed = _push(spill, nats_server.url)
@@ -635,11 +634,11 @@ def test_a_broker_that_stores_nothing_is_away_too_so_a_killed_agent_loses_nothin
         wait_for(lambda: _rows(daemon, "no-stream") >= N, 30, f"{N} rows")
         assert _rows(daemon, "no-stream") == N
     finally:
-        daemon.kill()
+        daemon.close()
 
 
 def test_vigil_push_says_how_far_a_big_file_got_while_it_goes(
-    daemon: Daemon,
+    daemon: InProcessDaemon,
     nats_server: NatsServer,
     spill: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -17,13 +17,13 @@ from typing import Any
 
 import nats
 import pytest
+from inprocess import InProcessDaemon
 from support import Daemon, NatsServer, vigil, wait_for
 
 from trainvigil.agents.outbox import OutMsg, frame, sealed_header, write_sealed
 from trainvigil.agents.push import broker_key
 from trainvigil.daemon.broker.embedded import free_port
-from trainvigil.schemas import Envelope, RunEvent, Source, encode
-from trainvigil.schemas.subjects import data_subject
+from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, RunEvent, Source, encode
 
 DEADLINE_S = 120
 """Each command's deadline: generous on a loaded machine, and a hang fails instead of blocking the suite."""
@@ -33,7 +33,7 @@ def _event(run_id: str, i: int, subject: str | None = None) -> OutMsg:
     """One message of one event of ``run_id``, as an agent spills it (on ``subject`` if given)."""
     envelope = Envelope(source=Source(run_id=run_id, host="h", pid=1), seq=i + 1,
                         records=[RunEvent(time=time.time(), kind="note", step=i)])  # fmt: skip
-    return OutMsg(subject or data_subject(run_id, "run"), f"{run_id}/0/h/1/n/{i}", encode(envelope), 1)
+    return OutMsg(subject or DEFAULT_SUBJECTS.data(run_id, "run"), f"{run_id}/0/h/1/n/{i}", encode(envelope), 1)
 
 
 def _sealed(path: Path, broker: str, msgs: list[OutMsg]) -> bytes:
@@ -76,7 +76,7 @@ FOREIGN = {
 
 
 def test_vigil_push_refuses_a_file_with_any_frame_off_its_runs_data_subjects_and_sends_nothing_of_it(
-    daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+    process_daemon: Daemon, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     """Each crafted file starts with a frame of its own run, then names another subject: nothing of it goes
     out, it stays byte for byte, and the command names the file and the subject. The good file beside them
@@ -101,10 +101,12 @@ def test_vigil_push_refuses_a_file_with_any_frame_off_its_runs_data_subjects_and
         subject = FOREIGN[path.name.split("-")[1]].replace("\x1b", "\\x1b")
         assert subject in line, f"{path.name}: {pushed.stderr}"
     assert not (spill / "good-r0-p1-n.spill").exists()
-    wait_for(lambda: daemon.scalar("select count(*) from events where run_id = 'good'") == 5, 30, "the good file")
-    assert daemon.scalar("select count(*) from events where run_id like 'crafted-%'") == 0
+    wait_for(
+        lambda: process_daemon.scalar("select count(*) from events where run_id = 'good'") == 5, 30, "the good file"
+    )
+    assert process_daemon.scalar("select count(*) from events where run_id like 'crafted-%'") == 0
     assert _stream(nats_server.url) == (created, 5), "the same stream, which took the good file's messages alone"
-    assert '"stream_missing"' not in daemon.log.read_text()
+    assert '"stream_missing"' not in process_daemon.log.read_text()
 
 
 def test_vigil_push_refuses_fifos_devices_and_symbolic_links_by_kind_without_opening_them(
@@ -135,7 +137,7 @@ def test_vigil_push_refuses_fifos_devices_and_symbolic_links_by_kind_without_ope
 
 
 def test_vigil_push_of_a_header_only_spill_file_says_it_held_nothing_and_removes_it(
-    daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+    daemon: InProcessDaemon, nats_server: NatsServer, tmp_path: Path
 ) -> None:
     path = tmp_path / "empty-r0-p1-n.spill"
     path.write_bytes(sealed_header(broker_key(nats_server.url)))

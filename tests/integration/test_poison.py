@@ -198,6 +198,7 @@ _messages = st.lists(
 )
 
 
+@pytest.mark.timeout(140)  # 60 Hypothesis examples, a DuckDB store each: ~45 s
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(payloads=_messages)
@@ -268,7 +269,7 @@ async def _publish(url: str, items: list[tuple[str, bytes]]) -> None:
     await nc.close()
 
 
-def test_poison_on_the_bus_never_stops_the_daemon(daemon: Daemon, nats_server: NatsServer) -> None:
+def test_poison_on_the_bus_never_stops_the_daemon(process_daemon: Daemon, nats_server: NatsServer) -> None:
     """Every kind of poison, through a real nats-server and a real daemon."""
     items = [("vigil.v1.r.run", _valid_event("first"))]
     for name in sorted(POISON):
@@ -276,13 +277,13 @@ def test_poison_on_the_bus_never_stops_the_daemon(daemon: Daemon, nats_server: N
         items.append(("vigil.v1.r.run", _valid_event(f"after_{name}")))
     asyncio.run(_publish(nats_server.url, items))
     wait_for(
-        lambda: daemon.scalar("select count(*) from events where kind like 'after_%'") == len(POISON),
+        lambda: process_daemon.scalar("select count(*) from events where kind like 'after_%'") == len(POISON),
         60,
         "every valid message behind a poison",
     )
-    assert daemon.scalar("select count(*) from dead_letters") == len(POISON)
-    assert daemon.scalar("select count(*) from events") == len(POISON) + 1
-    assert daemon.process is not None and daemon.process.poll() is None, "the daemon keeps running"
+    assert process_daemon.scalar("select count(*) from dead_letters") == len(POISON)
+    assert process_daemon.scalar("select count(*) from events") == len(POISON) + 1
+    assert process_daemon.process is not None and process_daemon.process.poll() is None, "the daemon keeps running"
 
 
 class _OutOfMemoryStore(Store):

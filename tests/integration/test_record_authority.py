@@ -21,8 +21,8 @@ from typing import Any
 import nats
 import numpy as np
 import pytest
-from hooks import HookServer, hook_server
 from support import SecuredDaemon, wait_for
+from webhook_server import HookServer, hook_server
 
 import trainvigil
 from trainvigil.daemon.alerts.format import chat_escape

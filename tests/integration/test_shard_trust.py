@@ -27,10 +27,10 @@ from trainvigil.daemon.cli.shardsql import Gathered, merge, open_bus
 from trainvigil.daemon.cli.sqlclient import QuerySource
 from trainvigil.daemon.store.query import run_query
 from trainvigil.errors import QueryError, QueryRefusedError
-from trainvigil.schemas import QUERY_SUBJECT
+from trainvigil.schemas import DEFAULT_SUBJECTS
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.query import QueryResult
-from trainvigil.schemas.shards import SHARDS_SUBJECT, ShardId
+from trainvigil.schemas.shards import ShardId
 from trainvigil.schemas.sqltypes import (
     Array,
     ColumnTypeError,
@@ -107,9 +107,9 @@ class Rogue:
                 await nc.publish(msg.reply, reply)
 
         if self.as_daemon:
-            await nc.subscribe(QUERY_SUBJECT, cb=query)
+            await nc.subscribe(DEFAULT_SUBJECTS.query, cb=query)
         else:
-            await nc.subscribe(SHARDS_SUBJECT, cb=roll_call)
+            await nc.subscribe(DEFAULT_SUBJECTS.roll_call, cb=roll_call)
             await nc.subscribe(ShardId(0, 1).query_subject, cb=query)
         # Two round trips: nats-py sends a flush's PING ahead of what is still queued, and the server
         # says a subscription was refused before the PONG that follows it.
@@ -231,7 +231,7 @@ def test_with_auth_an_agent_or_reader_cannot_answer_as_a_shard_and_the_readers_r
         assert not out.exists()
         for rogue in (agent, other):
             assert not rogue.asked
-            for subject in (SHARDS_SUBJECT, ShardId(0, 1).query_subject):
+            for subject in (DEFAULT_SUBJECTS.roll_call, ShardId(0, 1).query_subject):
                 refused = f'subscription to "{subject}"'
                 assert any(refused in v.lower() for v in rogue.violations), rogue.violations
         assert "any local process" not in done.stderr, done.stderr

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Daemon, NatsServer, finish, run_producer, serving, vigil, wait_for
+from inprocess import InProcessDaemon
+from support import Daemon, NatsServer, SqlOverNats, finish, run_producer, serving, vigil, wait_for
 
 from trainvigil.daemon.cli.main import EXIT_OK, EXIT_TRUNCATED
 
@@ -17,7 +18,7 @@ SHIPPED = {"VIGIL_QUERY_ROW_LIMIT": "10000"}
 """The shipped query budgets (tests/_support/support.py raises the row limit for other tests)."""
 
 
-def _fill(d: Daemon) -> None:
+def _fill(d: SqlOverNats) -> None:
     finish(run_producer(d.nats_url, "big", 0, ROWS))
     wait_for(lambda: d.scalar("select count(*) from steps where run_id = 'big'") == ROWS, 60, f"{ROWS} rows")
 
@@ -56,18 +57,18 @@ def test_an_answer_within_the_limit_exits_0_without_a_word(default_daemon: Daemo
 
 
 def test_the_byte_budget_cut_is_named(nats_server: NatsServer, tmp_path: Path) -> None:
-    d = Daemon(nats_server.url, tmp_path / "bytes", env={"VIGIL_QUERY_MAX_BYTES": "4096"})
+    d = InProcessDaemon(nats_server.url, tmp_path / "bytes", env={"VIGIL_QUERY_MAX_BYTES": "4096"})
     d.start()
     try:
         done = vigil("sql", "select repeat('x', 100) from range(1000)", "--nats", nats_server.url, "--format", "csv")
     finally:
-        d.kill()
+        d.close()
     assert done.returncode == EXIT_TRUNCATED, done.stderr
     assert "byte budget" in done.stderr and "query_max_bytes" in done.stderr, done.stderr
 
 
 def test_reading_the_file_without_a_daemon_says_so_too(nats_server: NatsServer, tmp_path: Path) -> None:
-    d = Daemon(nats_server.url, tmp_path / "data", env=SHIPPED)  # its own: this test stops it
+    d = InProcessDaemon(nats_server.url, tmp_path / "data", env=SHIPPED)  # its own: this test stops it
     d.start()
     try:
         _fill(d)

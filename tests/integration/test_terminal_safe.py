@@ -15,8 +15,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-import torch
-from support import Daemon, wait_for
+from inprocess import InProcessDaemon
+from support import wait_for
 
 import trainvigil
 from trainvigil.daemon.formatting import render, terminal_safe
@@ -53,9 +53,11 @@ def test_csv_and_json_keep_the_data_exact() -> None:
 
 
 @pytest.fixture
-def evil_run(daemon: Daemon) -> Iterator[Daemon]:
+def evil_run(daemon: InProcessDaemon) -> Iterator[InProcessDaemon]:
     """A run whose id, metric name, checkpoint path and crash message carry control sequences, stored, with its
     ``run_failed`` page."""
+    import torch  # here, not at the top: collecting this module stays light
+
     agent = trainvigil.init(run_id=EVIL_RUN, nats_url=daemon.nats_url, flush_interval=0.05)
     for step in range(20):
         agent.log(step, loss=1.0 / (step + 1), **{EVIL_METRIC: float(step)})
@@ -67,7 +69,7 @@ def evil_run(daemon: Daemon) -> Iterator[Daemon]:
     yield daemon
 
 
-def _stdout(daemon: Daemon, *args: str) -> str:
+def _stdout(daemon: InProcessDaemon, *args: str) -> str:
     """What ``vigil ARGS`` wrote to stdout, every byte as it came (text mode would turn a ``\\r`` into a newline)."""
     command = [sys.executable, "-m", "trainvigil.daemon.cli", *args, "--nats", daemon.nats_url]
     done = subprocess.run(command, capture_output=True, timeout=120)
@@ -86,25 +88,25 @@ def _stdout(daemon: Daemon, *args: str) -> str:
         ["sql", "select * from runs"],
     ],
 )
-def test_the_cli_prints_no_escape_byte_from_an_agents_strings(evil_run: Daemon, command: list[str]) -> None:
+def test_the_cli_prints_no_escape_byte_from_an_agents_strings(evil_run: InProcessDaemon, command: list[str]) -> None:
     out = _stdout(evil_run, *command)
     assert terminal_safe("evil" + TITLE) in out, out  # the run is there, shown as text
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\u202e" not in out and "\x9b" not in out
 
 
-def test_vigil_report_prints_no_escape_byte(evil_run: Daemon) -> None:
+def test_vigil_report_prints_no_escape_byte(evil_run: InProcessDaemon) -> None:
     out = _stdout(evil_run, "report")
     assert "Health report" in out and "\x1b" not in out
 
 
-def test_the_machine_formats_of_the_cli_keep_the_run_id_exact(evil_run: Daemon) -> None:
+def test_the_machine_formats_of_the_cli_keep_the_run_id_exact(evil_run: InProcessDaemon) -> None:
     lines = _stdout(evil_run, "runs", "--format", "json").splitlines()
     assert [json.loads(line)["run_id"] for line in lines] == [EVIL_RUN]
     rows = list(csv.DictReader(io.StringIO(_stdout(evil_run, "runs", "--format", "csv"), newline="")))
     assert [row["run_id"] for row in rows] == [EVIL_RUN]
 
 
-def test_vigil_alerts_follow_prints_no_escape_byte(daemon: Daemon) -> None:
+def test_vigil_alerts_follow_prints_no_escape_byte(daemon: InProcessDaemon) -> None:
     command = [sys.executable, "-m", "trainvigil.daemon.cli", "alerts", "--follow", "--nats", daemon.nats_url]
     # Bytes: a text pipe would turn a \r into a line break.
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as follow:

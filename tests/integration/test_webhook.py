@@ -23,8 +23,8 @@ import anyio
 import httpx
 import pytest
 import structlog
-from hooks import HANG, HookServer, hook_server
 from support import Daemon, NatsServer, wait_for
+from webhook_server import HANG, HookServer, hook_server
 
 from trainvigil.daemon.alerts.webhook import WebhookSink, post_json, redact, webhook_client
 from trainvigil.daemon.config import AlertsConfig, load

@@ -15,8 +15,8 @@ import anyio
 import nats
 import numpy as np
 import pytest
-from hooks import HANG, hook_server
 from support import Daemon, NatsServer, wait_for
+from webhook_server import HANG, hook_server
 
 from trainvigil.daemon.alerts.webhook import WebhookSink
 from trainvigil.daemon.config import AlertsConfig

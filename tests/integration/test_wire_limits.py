@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import Daemon, NatsServer, expected_loss, free_port, vigil, wait_for
+from inprocess import InProcessDaemon
+from support import NatsServer, expected_loss, free_port, vigil, wait_for
 
 import trainvigil
 from trainvigil.errors import ConfigError
@@ -20,7 +21,7 @@ STEPS = 500
 LONG_RUN_ID = "lr=0.001," * 34  # 306 characters: a run named after its hyper-parameters
 
 
-def _stored(daemon: Daemon, what: str) -> int:
+def _stored(daemon: InProcessDaemon, what: str) -> int:
     return int(daemon.scalar(f"select count(*) from {what}"))
 
 
@@ -37,7 +38,7 @@ def _stored(daemon: Daemon, what: str) -> int:
     ids=["run_id", "VIGIL_RUN_ID", "host", "RANK", "WORLD_SIZE", "LOCAL_RANK"],
 )
 def test_what_the_daemon_would_dead_letter_is_refused_at_init_not_lost_behind_a_true_close(
-    daemon: Daemon,
+    daemon: InProcessDaemon,
     nats_server: NatsServer,
     monkeypatch: pytest.MonkeyPatch,
     arguments: dict[str, Any],
@@ -78,7 +79,7 @@ def test_an_explicit_world_size_takes_every_rank_below_it(monkeypatch: pytest.Mo
 
 
 def test_names_and_fields_past_the_limits_are_dropped_and_counted_the_rest_stored(
-    daemon: Daemon, nats_server: NatsServer
+    daemon: InProcessDaemon, nats_server: NatsServer
 ) -> None:
     long_metric = "m" * (MAX_NAME + 1)
     deep: object = 1

@@ -26,7 +26,7 @@ from trainvigil.agents.options import AgentOptions
 from trainvigil.agents.outbox import Outbox, OutMsg, read_frame, read_sealed_header
 from trainvigil.agents.push import FileResult
 from trainvigil.agents.worker import Worker
-from trainvigil.schemas import STREAM_SUBJECTS, Envelope, Heartbeat, Record, RunEvent, Source, StepBatch, decode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, Heartbeat, Record, RunEvent, Source, StepBatch, decode
 
 SOURCE = Source(run_id="w", rank=0, world_size=1, local_rank=0, host="h", pid=1)
 
@@ -431,7 +431,7 @@ def test_acks_are_not_held_while_a_flush_waits(rig: Callable[..., Rig]) -> None:
 async def _create_stream(url: str) -> None:
     nc = await nats.connect(url)
     try:
-        await nc.jetstream().add_stream(name="VIGIL", subjects=STREAM_SUBJECTS)
+        await nc.jetstream().add_stream(name="VIGIL", subjects=DEFAULT_SUBJECTS.stream_subjects)
     finally:
         await nc.close()
 

@@ -14,9 +14,8 @@ from trainvigil.daemon.canary.runner import failed_alert, result_of
 from trainvigil.daemon.canary.verdict import Alert, Ending, Evidence, Injection, Verdict, judge, settled
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.store.writer import Store
-from trainvigil.schemas import Anomaly, Envelope, Record, RunEnd, RunEvent, RunStart, Source, encode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Envelope, Record, RunEnd, RunEvent, RunStart, Source, encode
 from trainvigil.schemas.canaries import CLEAN
-from trainvigil.schemas.subjects import data_subject
 
 T = 1_700_000_000.0
 RUN = "canary-t1"
@@ -45,7 +44,7 @@ def _run(store: Store, *, world: int = 1, injected: tuple[str, int] | None = Non
     records += [(r, RunEnd(time=T + 100, last_step=99)) for r in range(world)]
     raw = [
         RawMessage(
-            data_subject(RUN, "run"),
+            DEFAULT_SUBJECTS.data(RUN, "run"),
             encode(Envelope(source=Source(run_id=RUN, rank=rank, world_size=world), records=[rec])),
             store.last_seq + i,
         )

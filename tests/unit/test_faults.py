@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from support import wait_for
 from torch_helpers import RecordingAgent, grad_of, linear_weight
 
@@ -20,7 +20,11 @@ from trainvigil import checkpoint, faults
 from trainvigil.agents import faults as plans
 from trainvigil.agents._fault_hooks import GIL_THREADS
 from trainvigil.errors import CheckpointIntegrityError, ConfigError
-from trainvigil.torch import Watch, watch
+
+if TYPE_CHECKING:  # torch is imported where it is used: collecting this module stays light
+    import torch
+
+    from trainvigil.torch import Watch
 
 
 @pytest.fixture
@@ -40,19 +44,27 @@ def arm() -> Iterator[Callable[[str], RecordingAgent]]:
     assert faults.armed() is None
 
 
-def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Sequential:
+def _model(dtype: torch.dtype | None = None) -> torch.nn.Sequential:
+    """A small model of ``dtype`` (float32 when not given)."""
+    import torch
+
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return model.to(torch.float32 if dtype is None else dtype)
 
 
 def _watched(
-    agent: RecordingAgent, lr: float = 0.01, dtype: torch.dtype = torch.float32
+    agent: RecordingAgent, lr: float = 0.01, dtype: torch.dtype | None = None
 ) -> tuple[torch.nn.Sequential, torch.optim.SGD, Watch]:
-    """A model, its SGD optimizer and watch() on them, logging to ``agent``."""
+    """A model (float32 when ``dtype`` is not given), its SGD optimizer and watch() on them, logging to ``agent``."""
+    import torch
+
+    from trainvigil.torch import watch
+
     model = _model(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     # watch()'s own norm is float32-only: float64 models (exact arithmetic below) go without it.
-    return model, opt, watch(model, opt, agent, grad_norm=dtype == torch.float32)  # type: ignore[arg-type]
+    return model, opt, watch(model, opt, agent, grad_norm=dtype in (None, torch.float32))  # type: ignore[arg-type]
 
 
 def _loop(
@@ -62,6 +74,8 @@ def _loop(
     after_backward: Callable[[int], None] = lambda _s: None,
     after_step: Callable[[int], None] = lambda _s: None,
 ) -> None:
+    import torch
+
     data = torch.Generator().manual_seed(1)
     dtype = next(model.parameters()).dtype
     for step in range(steps):
@@ -198,6 +212,8 @@ def test_a_plan_without_watch_says_so_at_close(arm: Callable[[str], RecordingAge
 
 
 def test_nan_grad_puts_one_nan_in_one_gradient_after_backward_at_step_k(arm: Callable[[str], RecordingAgent]) -> None:
+    import torch
+
     agent = arm("nan_grad@3")
     model, opt, w = _watched(agent, 0.1)
     nans: list[dict[str, int]] = []
@@ -216,6 +232,8 @@ def test_nan_grad_puts_one_nan_in_one_gradient_after_backward_at_step_k(arm: Cal
 
 
 def test_grad_spike_multiplies_every_gradient_by_1000_for_one_step(arm: Callable[[str], RecordingAgent]) -> None:
+    import torch
+
     agent = arm("grad_spike@4")
     model, opt, _ = _watched(agent, 1e-3, torch.float64)
     twin = _model(torch.float64)
@@ -240,6 +258,8 @@ def test_grad_spike_multiplies_every_gradient_by_1000_for_one_step(arm: Callable
 def test_lr_spike_steps_with_100x_the_scheduled_lr_from_k_on(arm: Callable[[str], RecordingAgent]) -> None:
     """The optimizer really updates with 100x the lr from step K, and a scheduler that sets lr
     outright (LambdaLR) neither undoes the spike nor compounds it."""
+    import torch
+
     agent = arm("lr_spike@5")
     model, opt, w = _watched(agent, 1e-4, torch.float64)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
@@ -263,6 +283,7 @@ def test_lr_spike_steps_with_100x_the_scheduled_lr_from_k_on(arm: Callable[[str]
     assert agent.of("fault_injected") == [(5, {"kind": "lr_spike", "planned_step": 5, "factor": 100.0})]
 
 
+@pytest.mark.serial  # a ratio of step times: other processes on the cores skew it
 def test_slowdown_makes_each_step_from_k_about_1_5x_slower(arm: Callable[[str], RecordingAgent]) -> None:
     agent = arm("slowdown@20")
     model, opt, _ = _watched(agent, 0.01)

@@ -28,9 +28,10 @@ SPEC = FleetSpec(
 )
 
 
+@pytest.mark.timeout(70)  # 512 publishing ranks and a daemon storing them: ~22 s
 @pytest.mark.slow
 def test_a_fleet_of_512_ranks_is_stored_whole_and_its_straggler_and_nans_are_named(
-    nats_server: NatsServer, daemon: Daemon, tmp_path: Path
+    nats_server: NatsServer, process_daemon: Daemon, tmp_path: Path
 ) -> None:
     """Every step of 512 ranks is stored once; the straggler is named within two windows; every NaN pages."""
     with AlertWatch(nats_server.url) as watch, Fleet(SPEC, nats_server.url, tmp_path) as fleet:
@@ -41,7 +42,7 @@ def test_a_fleet_of_512_ranks_is_stored_whole_and_its_straggler_and_nans_are_nam
         steps = sum(r.steps for r in reports)
         assert steps == SPEC.ranks * SPEC.seconds * SPEC.steps_per_message / SPEC.interval
         wait_for(
-            lambda: daemon.scalar("select count(*) from steps where run_id like 'fleet-test-%'") >= steps,
+            lambda: process_daemon.scalar("select count(*) from steps where run_id like 'fleet-test-%'") >= steps,
             120,
             "every step to be stored",
             0.5,
@@ -54,14 +55,14 @@ def test_a_fleet_of_512_ranks_is_stored_whole_and_its_straggler_and_nans_are_nam
             return verdict if verdict is not None and verdict.named_step is not None else None
 
         verdict = wait_for(named, 30, "the straggler to be named", 0.2)
-    rows = daemon.sql(
+    rows = process_daemon.sql(
         "select count(*), count(distinct (run_id, rank, step)) from steps where run_id like 'fleet-test-%'"
     ).rows[0]
     assert tuple(rows) == (steps, steps)
     assert injected >= 5
     assert verdict.in_time, f"named {verdict.late_steps} steps late (deadline {verdict.deadline_steps})"
     assert verdict.others_named == 0, "no other rank is named a straggler"
-    assert daemon.terminate() == 0
+    assert process_daemon.terminate() == 0
 
 
 def test_a_fleet_message_is_what_the_agent_would_send_for_the_same_steps() -> None:

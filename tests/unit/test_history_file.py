@@ -21,9 +21,8 @@ import pytest
 from trainvigil.daemon.batch.decode import IngestBatch, RawMessage, decode_batch
 from trainvigil.daemon.store.writer import _STEP_FIELDS, SCHEMA_VERSION, STORAGE_VERSION, Store
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import Anomaly, Envelope, RunEnd, RunStart, Source, StepBatch, encode
+from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Envelope, RunEnd, RunStart, Source, StepBatch, encode
 from trainvigil.schemas.records import Column
-from trainvigil.schemas.subjects import data_subject
 
 T = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 
@@ -102,11 +101,11 @@ def _write(store: Store, msgs: list[tuple[str, bytes]], anomalies: Sequence[Anom
 def _history(path: Path) -> None:
     """Two runs over two opens of the store: steps of two ranks, an end, alerts, a dead letter."""
     store = Store(path)
-    metrics = data_subject("r1", "metrics")
+    metrics = DEFAULT_SUBJECTS.data("r1", "metrics")
     _write(
         store,
         [
-            (data_subject("r1", "run"), _run("r1", RunStart(time=T, argv=["train.py"]))),
+            (DEFAULT_SUBJECTS.data("r1", "run"), _run("r1", RunStart(time=T, argv=["train.py"]))),
             (metrics, _steps("r1", 0, 10)),
             (metrics, _steps("r1", 0, 10, rank=1)),
             (metrics, b"\x00 not msgpack"),
@@ -119,8 +118,8 @@ def _history(path: Path) -> None:
         store,
         [
             (metrics, _steps("r1", 10, 5)),
-            (data_subject("r1", "run"), _run("r1", RunEnd(time=T + 20, status="ok", last_step=14))),
-            (data_subject("ctl", "metrics"), _steps("ctl", 0, 3, world_size=1)),
+            (DEFAULT_SUBJECTS.data("r1", "run"), _run("r1", RunEnd(time=T + 20, status="ok", last_step=14))),
+            (DEFAULT_SUBJECTS.data("ctl", "metrics"), _steps("ctl", 0, 3, world_size=1)),
         ],
         [_alert("cleared", T + 30, episode="e2")],
     )
@@ -240,8 +239,11 @@ def test_run_summary_counts_dead_letters_by_the_run_subject_token(tmp_path: Path
     """A run id that maps to another subject token (escaped, reserved, too long) still finds its dead letters."""
     store = Store(tmp_path / "vigil.duckdb")
     try:
-        subject = data_subject(run_id, "metrics")
-        _write(store, [(subject, _steps(run_id, 0, 2)), (subject, b"\xc1"), (data_subject("other", "hb"), b"\xc1")])
+        subject = DEFAULT_SUBJECTS.data(run_id, "metrics")
+        _write(
+            store,
+            [(subject, _steps(run_id, 0, 2)), (subject, b"\xc1"), (DEFAULT_SUBJECTS.data("other", "hb"), b"\xc1")],
+        )
         rows = store.con.execute("SELECT run_id, steps, dead_letters FROM run_summary").fetchall()
         assert rows == [(run_id, 2, 1)]
     finally:
@@ -283,7 +285,11 @@ def test_a_version_1_file_is_migrated_and_goes_on_ingesting(tmp_path: Path) -> N
         assert con.execute("SELECT min(epoch(time)), max(epoch(time)) FROM steps").fetchall() == [(T, T + 9)]
 
         # Ingest: steps that overlap the old rows (the merge path) and go past them, and the old alert clears.
-        _write(store, [(data_subject("r1", "metrics"), _steps("r1", 8, 6, world_size=1))], [_alert("cleared", T + 40)])
+        _write(
+            store,
+            [(DEFAULT_SUBJECTS.data("r1", "metrics"), _steps("r1", 8, 6, world_size=1))],
+            [_alert("cleared", T + 40)],
+        )
         assert store.last_seq == 8
         rows = con.execute("SELECT count(*), max(step), sum(loss) FROM steps").fetchall()
         assert rows == [(14, 13, 8 * 1.0 + sum(s * 0.5 for s in range(8, 14)))]

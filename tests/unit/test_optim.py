@@ -12,20 +12,21 @@ import copy
 import importlib.util
 import itertools
 from collections.abc import Callable
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import pytest
 
-pytest.importorskip("torch")
+if TYPE_CHECKING:  # torch is imported where it is used: collecting this module stays light
+    import torch
+    from torch import nn
 
-import torch
-from torch import nn
-from torch.nn import functional as F
+    Hook = Callable[[torch.optim.Optimizer, torch.Tensor, int], None]
 
-from trainvigil.optim import Adan, Lion, Muon, SophiaG, gnb_loss
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
 
 STEPS = 100
 RTOL = 1e-5
+OPTIMIZERS = ("adan", "lion", "muon", "sophia")
 
 
 def _needs(module: str, package: str) -> pytest.MarkDecorator:
@@ -34,25 +35,43 @@ def _needs(module: str, package: str) -> pytest.MarkDecorator:
     )
 
 
-_needs_torch_muon = pytest.mark.skipif(
-    not hasattr(torch.optim, "Muon"), reason="oracle torch.optim.Muon needs torch>=2.9"
-)
+@pytest.fixture
+def _torch_muon() -> None:
+    import torch
+
+    if not hasattr(torch.optim, "Muon"):
+        pytest.skip("oracle torch.optim.Muon needs torch>=2.9")
+
+
+@pytest.fixture
+def _cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+
+
+_needs_torch_muon = pytest.mark.usefixtures("_torch_muon")
 
 
 def _model() -> nn.Module:
+    import torch
+    from torch import nn
+
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
 
 
 def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    import torch
+
     gen = torch.Generator().manual_seed(1)
     return [(torch.randn(16, 8, generator=gen), torch.randint(0, 4, (16,), generator=gen)) for _ in range(n)]
 
 
-Hook = Callable[[torch.optim.Optimizer, torch.Tensor, int], None]
-
-
 def _train(model: nn.Module, opt: torch.optim.Optimizer, batches: list, *, before_backward: Hook | None = None) -> None:
+    from torch.nn import functional as F
+
     for step, (x, y) in enumerate(batches):
         logits = model(x)
         if before_backward is not None:
@@ -85,6 +104,8 @@ class _AdanKwargs(TypedDict):
 def test_lion_matches_lion_pytorch() -> None:
     from lion_pytorch import Lion as RefLion
 
+    from trainvigil.optim import Lion
+
     ours, ref = _model(), _model()
     kw: _LionKwargs = {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1}
     _train(ours, Lion(ours.parameters(), **kw), _batches(STEPS))
@@ -96,6 +117,8 @@ def test_lion_matches_lion_pytorch() -> None:
 def test_adan_matches_pytorch_optimizer() -> None:
     from pytorch_optimizer import Adan as RefAdan
 
+    from trainvigil.optim import Adan
+
     ours, ref = _model(), _model()
     kw: _AdanKwargs = {"lr": 3e-3, "betas": (0.98, 0.92, 0.99), "weight_decay": 0.02, "eps": 1e-8}
     _train(ours, Adan(ours.parameters(), **kw), _batches(STEPS))
@@ -106,7 +129,10 @@ def test_adan_matches_pytorch_optimizer() -> None:
 @_needs("pytorch_optimizer", "pytorch-optimizer")
 def test_sophia_matches_pytorch_optimizer_given_the_same_gnb_estimates() -> None:
     """SophiaH's clamp(m / h, ±p) with lr/rho, p = rho and weight_decay * rho is Sophia-G's clipped step."""
+    import torch
     from pytorch_optimizer import SophiaH
+
+    from trainvigil.optim import SophiaG, gnb_loss
 
     lr, rho, wd, k = 1e-3, 0.04, 0.1, 5
     ours, ref = _model(), _model()
@@ -157,12 +183,16 @@ def test_sophia_matches_pytorch_optimizer_given_the_same_gnb_estimates() -> None
 
 def _many_matrices() -> nn.Module:
     """Three 32 x 32, two tall 64 x 32 and two wide 32 x 64 weights: Muon's stacks of several matrices."""
+    import torch
+    from torch import nn
+
     torch.manual_seed(0)
     widths = [8, 32, 32, 32, 64, 32, 64, 32, 4]
     layers = [m for w_in, w_out in itertools.pairwise(widths) for m in (nn.Linear(w_in, w_out), nn.Tanh())]
     return nn.Sequential(*layers[:-1])
 
 
+@pytest.mark.timeout(200)  # 100 Muon and AdamW steps twice, stacked matrices in bfloat16: ~66 s loaded
 @_needs_torch_muon
 @pytest.mark.parametrize(("make", "rtol"), [(_model, 0.0), (_many_matrices, RTOL)], ids=["one-per-shape", "stacked"])
 def test_muon_is_torch_muon_on_matrices_and_adamw_on_the_rest(make: Callable[[], nn.Module], rtol: float) -> None:
@@ -173,6 +203,10 @@ def test_muon_is_torch_muon_on_matrices_and_adamw_on_the_rest(make: Callable[[],
     bounds that); over 100 steps the bfloat16 iteration would carry any such rounding far beyond
     1e-5, so this passing means every stacked step was torch's, bit for bit, on this machine.
     """
+    import torch
+
+    from trainvigil.optim import Muon
+
     ours, ref = make(), make()
     _train(ours, Muon(ours.parameters(), lr=0.02, weight_decay=0.01, adamw_lr=1e-3), _batches(STEPS))
     matrices = [p for p in ref.parameters() if p.ndim == 2]
@@ -199,6 +233,7 @@ def test_stacked_newton_schulz_is_torchs_per_matrix() -> None:
     Where a near-tie in the float32 accumulation of a 3-D matmul rounds the other way, the bfloat16
     iteration (whose own output is only that accurate) moves that matrix's result by up to ~1.3%.
     """
+    import torch
     from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
 
     from trainvigil.optim._newton_schulz import EPS, NS_COEFFICIENTS, NS_STEPS, orthogonalise
@@ -216,32 +251,44 @@ def test_stacked_newton_schulz_is_torchs_per_matrix() -> None:
 
 
 def _sophia_hook(opt: torch.optim.Optimizer, logits: torch.Tensor, step: int) -> None:
+    import torch
+
+    from trainvigil.optim import SophiaG, gnb_loss
+
     if isinstance(opt, SophiaG) and opt.hessian_due:
         opt.update_hessian(gnb_loss(logits, torch.Generator().manual_seed(step)), batch_size=len(logits))
 
 
-FACTORIES: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
-    "lion": lambda p: Lion(p, lr=1e-3, weight_decay=0.1),
-    "adan": lambda p: Adan(p, lr=3e-3, weight_decay=0.02),
-    "sophia": lambda p: SophiaG(p, lr=1e-3, update_every=3),
-    "muon": lambda p: Muon(p, lr=0.02, weight_decay=0.01),
-}
+def _optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """A fresh optimizer ``name`` (one of OPTIMIZERS) over ``params``."""
+    from trainvigil.optim import Adan, Lion, Muon, SophiaG
+
+    factories: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+        "lion": lambda p: Lion(p, lr=1e-3, weight_decay=0.1),
+        "adan": lambda p: Adan(p, lr=3e-3, weight_decay=0.02),
+        "sophia": lambda p: SophiaG(p, lr=1e-3, update_every=3),
+        "muon": lambda p: Muon(p, lr=0.02, weight_decay=0.01),
+    }
+    return factories[name](params)
 
 
-@pytest.mark.parametrize("name", sorted(FACTORIES))
+@pytest.mark.timeout(140)  # two 100-step trainings per optimizer; Muon's ~45 s loaded
+@pytest.mark.parametrize("name", OPTIMIZERS)
 def test_state_dict_round_trip_continues_exactly(name: str) -> None:
     """Saved at step 50 and loaded into a fresh optimizer, training goes on bit for bit as if never stopped."""
+    import torch
+
     batches = _batches(STEPS)
     whole = _model()
-    _train(whole, FACTORIES[name](list(whole.parameters())), batches, before_backward=_sophia_hook)
+    _train(whole, _optimizer(name, list(whole.parameters())), batches, before_backward=_sophia_hook)
 
     first = _model()
-    opt = FACTORIES[name](list(first.parameters()))
+    opt = _optimizer(name, list(first.parameters()))
     _train(first, opt, batches[:50], before_backward=_sophia_hook)
     saved = copy.deepcopy({"model": first.state_dict(), "optimizer": opt.state_dict()})
     resumed = _model()
     resumed.load_state_dict(saved["model"])
-    fresh = FACTORIES[name](list(resumed.parameters()))
+    fresh = _optimizer(name, list(resumed.parameters()))
     fresh.load_state_dict(saved["optimizer"])
 
     def shifted(o: torch.optim.Optimizer, logits: torch.Tensor, step: int) -> None:
@@ -253,6 +300,8 @@ def test_state_dict_round_trip_continues_exactly(name: str) -> None:
 
 
 def test_lion_keeps_one_state_tensor_per_parameter() -> None:
+    from trainvigil.optim import Lion
+
     model = _model()
     opt = Lion(model.parameters())
     _train(model, opt, _batches(1))
@@ -261,6 +310,8 @@ def test_lion_keeps_one_state_tensor_per_parameter() -> None:
 
 
 def test_the_benchmark_refuses_a_device_it_cannot_use_before_any_run() -> None:
+    import torch
+
     from trainvigil.optim.bench.workloads import check_device
 
     check_device("cpu", ["supervised", "rl", "quadratic"])
@@ -274,15 +325,17 @@ def test_the_benchmark_refuses_a_device_it_cannot_use_before_any_run() -> None:
             check_device("cuda", ["rl"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", sorted(FACTORIES))
+@pytest.mark.usefixtures("_cuda")
+@pytest.mark.parametrize("name", OPTIMIZERS)
 def test_workloads_train_on_cuda_and_their_peak_is_cudas(name: str) -> None:
     """Each optimizer steps the supervised workload on the GPU; the peak is the CUDA allocator's, state included."""
+    import torch
+
     from trainvigil.optim.bench.memory import PeakMeter
     from trainvigil.optim.bench.workloads import Supervised
 
     job = Supervised(0, "cuda")
-    opt = FACTORIES[name](job.parameters())
+    opt = _optimizer(name, job.parameters())
     meter = PeakMeter(torch.device("cuda"))
     meter.start()
     losses = [job.step(opt)[0] for _ in range(5)]

@@ -13,9 +13,8 @@ import pytest
 
 from trainvigil.errors import SchemaVersionError, WireError
 from trainvigil.schemas import (
+    DEFAULT_SUBJECTS,
     KINDS,
-    PREFIX,
-    QUERY_SUBJECT,
     RECORD_TYPES,
     SCHEMA_MAJOR,
     Anomaly,
@@ -32,8 +31,6 @@ from trainvigil.schemas import (
     Source,
     StepBatch,
     ThreadShare,
-    alert_subject,
-    data_subject,
     decode,
     encode,
     run_token,
@@ -283,22 +280,22 @@ def test_run_token_of_empty_string_is_underscore() -> None:
 
 
 def test_data_subject_shape() -> None:
-    assert data_subject("run-1", "metrics") == f"{PREFIX}.run-1.metrics"
-    assert data_subject("a.b", "hb") == "vigil.v1.a_b.hb"
+    assert DEFAULT_SUBJECTS.data("run-1", "metrics") == f"{DEFAULT_SUBJECTS.prefix}.run-1.metrics"
+    assert DEFAULT_SUBJECTS.data("a.b", "hb") == "vigil.v1.a_b.hb"
     for kind in KINDS:
-        parts = data_subject("x y", kind).split(".")  # type: ignore[arg-type]
+        parts = DEFAULT_SUBJECTS.data("x y", kind).split(".")  # type: ignore[arg-type]
         assert parts == ["vigil", f"v{SCHEMA_MAJOR}", "x_y", kind]
 
 
 def test_alert_subject_shape() -> None:
-    assert alert_subject("run-1") == "vigil.v1.alerts.run-1"
-    assert alert_subject("ctl").split(".") == ["vigil", "v1", "alerts", "_ctl"]
+    assert DEFAULT_SUBJECTS.alert("run-1") == "vigil.v1.alerts.run-1"
+    assert DEFAULT_SUBJECTS.alert("ctl").split(".") == ["vigil", "v1", "alerts", "_ctl"]
 
 
 def test_data_subject_of_reserved_run_never_collides_with_control_or_alerts() -> None:
-    assert data_subject("ctl", "metrics") != QUERY_SUBJECT
-    assert data_subject("ctl", "metrics").split(".")[2] != "ctl"
-    assert data_subject("alerts", "run").split(".")[2] != "alerts"
+    assert DEFAULT_SUBJECTS.data("ctl", "metrics") != DEFAULT_SUBJECTS.query
+    assert DEFAULT_SUBJECTS.data("ctl", "metrics").split(".")[2] != "ctl"
+    assert DEFAULT_SUBJECTS.data("alerts", "run").split(".")[2] != "alerts"
 
 
 # ---- JSON Schema -----------------------------------------------------------------------------

@@ -6,17 +6,20 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 from torch_helpers import RecordingAgent, grad_of, linear_weight
 
 from trainvigil.schemas import CheckpointDigest
-from trainvigil.torch import watch
+
+if TYPE_CHECKING:  # torch is imported where it is used: collecting this module stays light
+    import torch
 
 
 def _model() -> torch.nn.Sequential:
+    import torch
+
     torch.manual_seed(0)
     return torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
@@ -31,6 +34,8 @@ def _train(
     step_fn: Callable[[], Any] | None = None,
 ) -> list[float]:
     """Run ``steps`` steps; returns the reference global grad norm of each (computed outside the hooks)."""
+    import torch
+
     norms = []
     for step in range(steps):
         opt.zero_grad()
@@ -43,6 +48,10 @@ def _train(
 
 
 def test_logs_grad_norm_lr_and_step_time_under_its_step_numbers() -> None:
+    import torch
+
+    from trainvigil.torch import watch
+
     model, agent = _model(), RecordingAgent()
     groups: list[dict[str, Any]] = [{"params": model[0].parameters()}, {"params": model[2:].parameters(), "lr": 0.5}]
     opt = torch.optim.SGD(groups, lr=0.1)
@@ -61,6 +70,10 @@ def test_logs_grad_norm_lr_and_step_time_under_its_step_numbers() -> None:
 
 def test_a_float64_model_gets_its_grad_norm_too() -> None:
     """``_foreach_norm`` cannot narrow float64 to float32: half precision is widened, float64 kept."""
+    import torch
+
+    from trainvigil.torch import watch
+
     torch.manual_seed(0)
     model, agent = torch.nn.Linear(16, 1).double(), RecordingAgent()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -76,6 +89,10 @@ def test_a_float64_model_gets_its_grad_norm_too() -> None:
 def test_every_logs_only_every_kth_step_and_grad_norm_false_skips_the_reduction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import torch
+
+    from trainvigil.torch import watch
+
     model, agent = _model(), RecordingAgent()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     calls = Counter[str]()
@@ -90,6 +107,10 @@ def test_every_logs_only_every_kth_step_and_grad_norm_false_skips_the_reduction(
 
 
 def test_nan_in_one_gradient_at_step_n_reports_a_non_finite_norm_at_n_and_names_the_layer() -> None:
+    import torch
+
+    from trainvigil.torch import watch
+
     model, agent = _model(), RecordingAgent()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w = watch(model, opt, agent, layer_norms_every=1, top_layers=2)  # type: ignore[arg-type]
@@ -108,6 +129,10 @@ def test_nan_in_one_gradient_at_step_n_reports_a_non_finite_norm_at_n_and_names_
 
 
 def test_grad_scaler_reports_loss_scale_and_skipped_steps() -> None:
+    import torch
+
+    from trainvigil.torch import watch
+
     model, agent = _model(), RecordingAgent()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -127,6 +152,8 @@ def test_grad_scaler_reports_loss_scale_and_skipped_steps() -> None:
 
 
 def test_host_scalars_reuse_their_slots_and_fall_back_to_fresh_memory_when_out_of_them() -> None:
+    import torch
+
     from trainvigil.agents._host_copy import HostScalars
 
     scalars, taken = HostScalars(2, pinned=False), list[int]()
@@ -151,7 +178,10 @@ def test_host_scalars_reuse_their_slots_and_fall_back_to_fresh_memory_when_out_o
 def test_a_long_run_gives_every_host_slot_back_and_logs_each_steps_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
     """Logged steps give their slots back once read, unlogged ones (``every=3``) at once: nothing leaks over
     more steps than there are slots, and each step's values are its own, read from reused slots."""
+    import torch
+
     from trainvigil.agents import torch_watch
+    from trainvigil.torch import watch
 
     monkeypatch.setattr(torch_watch, "SLOTS", 4)
     model, agent = _model(), RecordingAgent()
@@ -184,6 +214,8 @@ _SYNCS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__index_
 @contextmanager
 def _count_syncs(counts: Counter[str], armed: list[bool]) -> Iterator[None]:
     """Count calls that read a tensor's value on the host (a device sync on GPU) while ``armed``."""
+    import torch
+
     saved = {name: getattr(torch.Tensor, name) for name in _SYNCS}
 
     def tracker(name: str) -> Callable[..., Any]:
@@ -211,7 +243,10 @@ def _count_syncs(counts: Counter[str], armed: list[bool]) -> Iterator[None]:
 def test_watched_steps_read_no_tensor_value_on_the_training_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every piece of watch() that runs on the training thread is armed; AdamW and GradScaler
     read values themselves (their own syncs), so the count covers watch()'s code only."""
+    import torch
+
     from trainvigil.agents import torch_watch
+    from trainvigil.torch import watch
 
     counts: Counter[str] = Counter()
     armed = [False]
@@ -265,6 +300,10 @@ def test_watched_steps_read_no_tensor_value_on_the_training_thread(monkeypatch: 
 
 
 def test_parity_digests_are_published_every_n_steps_off_the_training_thread() -> None:
+    import torch
+
+    from trainvigil.torch import watch
+
     model, agent = _model(), RecordingAgent()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w = watch(model, opt, agent, parity_every=4)  # type: ignore[arg-type]
@@ -292,6 +331,10 @@ def test_parity_digests_are_published_every_n_steps_off_the_training_thread() ->
 
 
 def test_remove_takes_the_hooks_off() -> None:
+    import torch
+
+    from trainvigil.torch import watch
+
     model, agent = _model(), RecordingAgent()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w = watch(model, opt, agent)  # type: ignore[arg-type]
