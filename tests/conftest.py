@@ -35,10 +35,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Collecting imports every test module, and with them torch, JAX, Ray and transformers: ~700 000 objects,
-    whose full garbage collection takes ~0.4 s on this machine. Frozen once here, no later collection walks them,
-    so a test's guard against blocking (``log()`` never waits on the network) never times one: on a loaded
-    machine ``test_ten_thousand_log_calls_never_block_without_a_broker`` failed on a 416 ms ``log()`` so."""
+    """The objects collection made (test modules and what they import at module level) are frozen once here, so no
+    later garbage collection walks them and a test's guard against blocking never times one: when collection still
+    imported torch, JAX, Ray and transformers (~700 000 objects, ~0.4 s a full collection), a loaded machine
+    failed ``test_ten_thousand_log_calls_never_block_without_a_broker`` on a 416 ms ``log()`` so."""
     gc.collect()
     gc.freeze()
 
@@ -50,7 +50,9 @@ def _own_spill_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+def private_nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server of the test's own, its store in ``tmp_path``: for a test that stops, starts or kills the
+    broker, reads its process, or names the default namespace's subjects and stream."""
     server = NatsServer(tmp_path / "jetstream")
     server.start()
     yield server
@@ -58,18 +60,32 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 
 
 @pytest.fixture
-def daemon(nats_server: NatsServer, tmp_path: Path) -> Iterator[InProcessDaemon]:
-    """The daemon in this process (``inprocess.py``: what it shares with the test, and so who needs a process)."""
-    d = InProcessDaemon(nats_server.url, tmp_path / "data")
+def nats_server(private_nats_server: NatsServer) -> NatsServer:
+    """The test's broker: its own here; the integration tier's ``conftest.py`` shares one per worker instead."""
+    return private_nats_server
+
+
+def _broker(request: pytest.FixtureRequest) -> NatsServer:
+    """The broker of the test's daemon: ``private_nats_server`` when the test takes it, else ``nats_server``."""
+    private = "private_nats_server" in request.fixturenames
+    server: NatsServer = request.getfixturevalue("private_nats_server" if private else "nats_server")
+    return server
+
+
+@pytest.fixture
+def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[InProcessDaemon]:
+    """The daemon in this process (``inprocess.py``: what it shares with the test, and so who needs a process),
+    in the namespace of the test's environment."""
+    d = InProcessDaemon(_broker(request).url, tmp_path / "data")
     d.start()
     yield d
     d.close()
 
 
 @pytest.fixture
-def process_daemon(nats_server: NatsServer, tmp_path: Path) -> Iterator[Daemon]:
+def process_daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
     """``vigil up`` as a process: for a test that kills or signals it, reads its log or memory, or times it."""
-    d = Daemon(nats_server.url, tmp_path / "data")
+    d = Daemon(_broker(request).url, tmp_path / "data")
     d.start()
     yield d
     if d.process is not None and d.process.poll() is None:

@@ -124,6 +124,7 @@ class InProcessDaemon(SqlOverNats):
         config = config_mod.load(None, settings, env=env)
         _check_data_dir(config.data_dir)
         self.config = config
+        self.subjects = config.subjects  # where sql() asks: the namespace the daemon serves
         self._ready, self._reported = Future(), False
         _enter_umask()
         cm = start_blocking_portal("asyncio", name=f"in-process daemon {self.data_dir}")

@@ -20,6 +20,7 @@ from trainvigil.daemon.cli.sqlclient import _ask, _connect, ask_daemon
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.query import QueryRequest, QueryResult
 from trainvigil.schemas.shards import ShardId
+from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects, describe_namespace
 
 HERE = Path(__file__).parent
 """This folder: the helper scripts the tests run as processes (``producer.py``, ``nan_train.py``, ...)."""
@@ -29,18 +30,26 @@ CHILD_OFFSET = 1_000_000
 
 
 class NatsServer:
-    """A real nats-server with JetStream in a temp dir; can be stopped and started again."""
+    """A real nats-server with JetStream in a temp dir; can be stopped and started again.
 
-    def __init__(self, store_dir: Path, config_file: Path | None = None) -> None:
+    Args:
+        monitor: serve nats-server's HTTP monitoring (``/connz``...) on :attr:`monitor_port` too.
+    """
+
+    def __init__(self, store_dir: Path, config_file: Path | None = None, *, monitor: bool = False) -> None:
         self.port = free_port()
         self.store_dir = store_dir
         self.config_file = config_file
         self.url = f"nats://127.0.0.1:{self.port}"
+        self.monitor_port = free_port() if monitor else None
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        args = server_args(find_binary(), self.port, self.store_dir, config_file=self.config_file)
+        if self.monitor_port is not None:
+            args += ["-m", str(self.monitor_port)]
         self.process = subprocess.Popen(
-            server_args(find_binary(), self.port, self.store_dir, config_file=self.config_file),
+            args,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -60,10 +69,13 @@ class SqlOverNats:
     nats_url: str
     access: BusAccess = ANONYMOUS
     """How :meth:`sql` connects."""
+    subjects: Subjects = DEFAULT_SUBJECTS
+    """The daemon's namespace, where :meth:`sql` asks (set once the daemon is launched)."""
 
     def sql(self, sql: str) -> QueryResult:
-        result = asyncio.run(ask_daemon(self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, self.access))
-        assert result is not None, "no daemon answered"
+        request = QueryRequest(sql=sql, limit=100_000)
+        result = asyncio.run(ask_daemon(self.nats_url, request, 30, self.access, subjects=self.subjects))
+        assert result is not None, f"no daemon of {describe_namespace(self.subjects.namespace)} answered"
         assert not result.error, result.error
         return result
 
@@ -92,6 +104,8 @@ class Daemon(SqlOverNats):
         """Start the process without waiting for it (:meth:`wait_ready` then): daemons launched side by side
         spend their start-up at the same time."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000", **self.env}
+        self.subjects = Subjects(env.get("VIGIL_NAMESPACE", ""))  # the namespace of the environment it is given
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -108,7 +122,7 @@ class Daemon(SqlOverNats):
                 ],
                 stdout=log,
                 stderr=log,
-                env={**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000", **self.env},
+                env=env,
             )
 
     def wait_ready(self) -> None:
@@ -178,9 +192,8 @@ class ShardDaemon(Daemon):
             conn = await _connect(self.nats_url, self.access)
             assert conn is not None and conn.nc is not None, "no broker answered"
             try:
-                return await _ask(
-                    conn, self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, self.shard.query_subject
-                )
+                subject = self.subjects.shard_query(self.shard.index)  # the shard of the daemon's namespace
+                return await _ask(conn, self.nats_url, QueryRequest(sql=sql, limit=100_000), 30, subject)
             finally:
                 await conn.nc.close()
 

@@ -24,7 +24,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "integrations" / "r
 """The docs' Ray Train example, a whole script."""
 
 
-@pytest.mark.timeout(100)  # starts a local Ray instance and two torch workers: ~33 s
+@pytest.mark.timeout(300)  # a local Ray instance and two torch workers: ~33 s alone, over 100 s beside other tests
 def test_ray_train_workers_log_as_the_ranks_of_one_run_with_no_arguments(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -68,6 +69,10 @@ def _runs(daemon: Daemon) -> set[str]:
     return {row[0] for row in daemon.sql("select run_id from runs").rows}
 
 
+def _all_steps_stored(daemon: Daemon, run: str) -> bool:
+    return bool(daemon.scalar(f"select count(*) from steps where run_id = '{run}'") == STEPS)
+
+
 @pytest.fixture(scope="module")
 def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
     """One broker, the two daemons started side by side, and a run of each namespace fully stored."""
@@ -89,8 +94,7 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
         for proc in producers:
             finish(proc)
         for daemon, run in ((alpha, "run-alpha"), (default, "run-default")):
-            wait_for(lambda d=daemon, r=run: d.scalar(f"select count(*) from steps where run_id = '{r}'") == STEPS,
-                     60, f"{run}'s steps")  # fmt: skip
+            wait_for(partial(_all_steps_stored, daemon, run), 60, f"{run}'s steps")
         yield Bus(server, alpha, default, root)
     finally:
         for daemon in (alpha, default):
@@ -282,7 +286,7 @@ def test_namespaced_shards_partition_their_runs_and_vigil_sql_merges_them(tmp_pa
         for daemon in daemons:
             daemon.launch()
         for shard in shards:
-            wait_for(lambda s=shard: _shard_answers(server.url, s), 60, f"shard {shard}")
+            wait_for(partial(_shard_answers, server.url, shard), 60, f"shard {shard}")
         spill = {"VIGIL_SPILL_DIR": str(tmp_path / "spill"), "VIGIL_NAMESPACE": ALPHA}
         for proc in [run_producer(server.url, run, 0, 5, env=spill) for run in runs]:
             finish(proc)
