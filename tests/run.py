@@ -5,8 +5,9 @@
 
 Steps:
 
-- **tests**: ``pytest -n WORKERS -m "not serial"`` over ``tests/unit``, ``tests/integration`` and ``tests/e2e``
-  (pytest-xdist; every server a test starts takes a free port and a temporary directory).
+- **tests**: ``pytest -n WORKERS --dist loadscope -m "not serial"`` over ``tests/unit``, ``tests/integration`` and
+  ``tests/e2e`` (pytest-xdist; every server a test starts takes a free port and a temporary directory). A module's
+  tests stay on one worker, so a module-scoped fixture (a daemon, a cluster, a batch of CLIs) is built once.
 - **serial**: ``pytest -m serial``, alone once the parallel part is done: guards against blocking and measurements
   that a loaded machine would upset.
 - **static** (a full run only), started first at a lower priority so the tests keep the cores: ``ruff check``,
@@ -85,7 +86,10 @@ def workers() -> int:
 def steps(args: list[str], scratch: Path) -> list[Step]:
     chosen = args or TIERS
     plan = [
-        Step("tests", [*PYTEST, "-n", str(workers()), "-m", "not serial", "--durations=25", *chosen]),
+        Step(
+            "tests",
+            [*PYTEST, "-n", str(workers()), "--dist", "loadscope", "-m", "not serial", "--durations=25", *chosen],
+        ),
         Step("serial", [*PYTEST, "-m", "serial", "--durations=10", *chosen]),
     ]
     if args:

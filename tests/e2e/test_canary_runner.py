@@ -103,7 +103,10 @@ def test_a_canary_whose_detector_is_switched_off_fails_and_its_canary_failed_pag
     daemons: list[Daemon], nats_server: NatsServer, tmp_path: Path
 ) -> None:
     config = _toml(tmp_path, "settle_s = 30", {"mlp": f'command = "{MLP}"\nfault_step = 50'})
-    d = _daemon(daemons, nats_server, tmp_path, "--config", str(config), VIGIL_DETECTORS_NON_FINITE_ENABLED="false")
+    d = Daemon(nats_server.url, tmp_path / "data", "--config", str(config),
+               env={"VIGIL_DETECTORS_NON_FINITE_ENABLED": "false"})  # fmt: skip
+    d.launch()  # the follower needs only the broker: both start up at the same time
+    daemons.append(d)
     follow = subprocess.Popen(
         [sys.executable, "-m", "trainvigil.daemon.cli", "alerts", "--follow", "--format", "json", "--nats",
          nats_server.url],
@@ -121,6 +124,7 @@ def test_a_canary_whose_detector_is_switched_off_fails_and_its_canary_failed_pag
     for reader in readers:
         reader.start()
     try:
+        d.wait_ready()
         assert following.wait(30), "vigil alerts --follow subscribed"
         done = vigil("canary", "run", "--fault", "nan_grad", "--workload", "mlp", "--config", str(config),
                      "--nats", nats_server.url, "--data-dir", str(d.data_dir))  # fmt: skip

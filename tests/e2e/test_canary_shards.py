@@ -30,6 +30,7 @@ from trainvigil.schemas.canaries import CanaryAccepted, CanaryRequest
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.shards import ShardId, shard_of
 
+pytestmark = pytest.mark.xdist_group("canary_shards")  # with --dist loadgroup: one worker builds the deployment
 SHARDS = 2
 TINY = """\
 import sys
@@ -246,7 +247,8 @@ def test_on_a_bus_with_users_a_trigger_handed_on_between_shards_is_answered_and_
     shards = [ShardDaemon(broker.url, tmp_path / f"s{i}", ShardId(i, SHARDS), env=env) for i in range(SHARDS)]
     try:
         for d in shards:
-            d.extra = (*d.extra, "--config", str(_config(tmp_path, "enabled = false")))
+            # Two slots: each shard runs its two canaries side by side.
+            d.extra = (*d.extra, "--config", str(_config(tmp_path, "enabled = false\nconcurrency = 2")))
             d.launch()
         for d in shards:
             d.wait_ready()

@@ -323,6 +323,7 @@ def _report(phase: Phase, run_id: str, kind: str) -> None:
 
 
 @pytest.mark.timeout(100)  # the first pays its module's canary runs: ~30 s
+@pytest.mark.xdist_group("canary_steps_phase")  # with --dist loadgroup: one worker runs the phase, not each
 @pytest.mark.parametrize("run_id", ["clean-supervised", "clean-rl"])
 def test_a_clean_workload_runs_to_the_end_and_raises_nothing(steps_phase: Phase, run_id: str) -> None:
     canary = steps_phase.canaries[run_id]
@@ -332,6 +333,7 @@ def test_a_clean_workload_runs_to_the_end_and_raises_nothing(steps_phase: Phase,
 
 
 @pytest.mark.timeout(120)  # the first pays its module's timed canary runs: ~37 s
+@pytest.mark.xdist_group("canary_time_phase")
 def test_a_clean_two_rank_run_raises_nothing_with_the_straggler_judging_short_windows(time_phase: Phase) -> None:
     assert time_phase.codes["clean-two_rank"] == 0, _log(time_phase.canaries["clean-two_rank"])
     anomalies = time_phase.anomalies.get("clean-two_rank", [])
@@ -357,6 +359,7 @@ def _caught(phase: Phase, run_id: str, kinds: list[str]) -> None:
     assert {d for d, _ in others} <= {EXPECTED[k] for k in kinds}, others
 
 
+@pytest.mark.xdist_group("canary_steps_phase")
 @pytest.mark.parametrize(
     "run_id", ["nan_grad", "grad_spike+ckpt_corrupt", "lr_spike", "gil", "kl_explode", "reward_hack"]
 )
@@ -367,16 +370,19 @@ def test_a_fault_judged_by_steps_is_caught_by_its_detector_and_nothing_else_page
     _caught(steps_phase, run_id, run_id.split("+"))
 
 
+@pytest.mark.xdist_group("canary_time_phase")
 def test_a_slowdown_is_caught_by_slowdown_over_its_own_earlier_windows(time_phase: Phase) -> None:
     assert time_phase.codes["slowdown"] == 0, _log(time_phase.canaries["slowdown"])
     _caught(time_phase, "slowdown", ["slowdown"])
 
 
+@pytest.mark.xdist_group("canary_time_phase")
 def test_a_stall_leaves_a_live_process_that_hang_pages(time_phase: Phase) -> None:
     assert time_phase.codes["stall"] == -9, "alive until killed"
     _caught(time_phase, "stall", ["stall"])
 
 
+@pytest.mark.xdist_group("canary_time_phase")
 def test_a_straggler_is_the_last_rank_only_and_straggler_names_it(time_phase: Phase) -> None:
     assert time_phase.codes["straggler"] == 0, _log(time_phase.canaries["straggler"])
     _caught(time_phase, "straggler", ["straggler"])

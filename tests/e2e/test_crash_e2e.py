@@ -29,11 +29,22 @@ for step in range(30):
 """
 
 
-def _run(url: str, run_id: str, mode: str) -> subprocess.CompletedProcess[str]:
+def _run_together(url: str, *runs: tuple[str, str]) -> list[subprocess.CompletedProcess[str]]:
+    """The script once per ``(run_id, mode)``, side by side (each spends its start-up importing trainvigil)."""
     env = {**os.environ, "VIGIL_NATS_URL": url}
-    return subprocess.run(
-        [sys.executable, "-c", SCRIPT, run_id, mode], env=env, capture_output=True, text=True, timeout=120
-    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SCRIPT, run_id, mode], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for run_id, mode in runs
+    ]  # fmt: skip
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+        return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs, strict=True)]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
 def test_an_uncaught_exception_ends_the_run_as_error_pages_run_failed_and_the_users_hook_still_runs(
@@ -42,10 +53,9 @@ def test_an_uncaught_exception_ends_the_run_as_error_pages_run_failed_and_the_us
     daemon = Daemon(nats_server.url, tmp_path / "data")
     daemon.start()
     try:
-        crashed = _run(nats_server.url, "crashed", "raise")
+        crashed, clean = _run_together(nats_server.url, ("crashed", "raise"), ("clean", "finish"))
         assert crashed.returncode == 1
         assert "users hook ran: ValueError" in crashed.stdout, "the user's hook is chained, not replaced"
-        clean = _run(nats_server.url, "clean", "finish")
         assert clean.returncode == 0, clean.stderr
         wait_for(lambda: daemon.scalar("select count(*) from runs where ended_at is not null") == 2, 60, "both ends")
         runs = {row[0]: row for row in daemon.sql(RUNS_SQL).rows}

@@ -20,14 +20,19 @@ from trainvigil.agents import _sigterm
 from trainvigil.daemon.broker.embedded import free_port
 
 N = 500
+STUCK_AFTER_S = 1.0
+"""The watcher's patience in the scripts stuck in C code: its default (5 s) only adds an idle wait."""
 
 SCRIPT = """
 import ctypes, os, signal, sys, time, trainvigil
 vigil = trainvigil.init(run_id=sys.argv[1])
 for step in range(int(sys.argv[3])):
     vigil.log(step, loss=1.0)
+if sys.argv[2].startswith("stuck"):
+    import trainvigil.agents._sigterm as sigterm
+    sigterm.STUCK_AFTER_S = float(sys.argv[4])
 if sys.argv[2] == "stuck, and so is a close hook":  # watch()'s last step, waiting behind that collective
-    import threading, trainvigil.agents._sigterm as sigterm
+    import threading
     vigil.before_close.append(threading.Event().wait)
     sigterm.CLOSE_WITHIN_S = 1.0
 if sys.argv[2].startswith("stuck"):  # in C code that never returns, as a rank in a collective whose peer is gone
@@ -46,7 +51,7 @@ def _terminated(url: str, run_id: str, mode: str, flush_on_sigterm: bool) -> tup
     """Run the script until it logged N steps, SIGTERM it; its exit code, the seconds it took to exit, stderr."""
     env = {**os.environ, "VIGIL_NATS_URL": url, "VIGIL_FLUSH_ON_SIGTERM": "1" if flush_on_sigterm else "0"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, run_id, mode, str(N)],
+        [sys.executable, "-c", SCRIPT, run_id, mode, str(N), str(STUCK_AFTER_S)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -91,7 +96,7 @@ def test_sigterm_with_flush_on_sigterm_delivers_every_step_and_ends_the_run_on_s
         code, took, err = _terminated(nats_server.url, mode, mode, flush_on_sigterm=True)
         assert code == 128 + signal.SIGTERM, err
         if mode == "stuck":
-            assert _sigterm.STUCK_AFTER_S <= took < 40, err
+            assert STUCK_AFTER_S <= took < 40, err
             assert "has not come back to Python" in err, err
         rows = f"select count(*) from steps where run_id = '{mode}'"
         wait_for(lambda: daemon.scalar(rows) == N, 30, f"{N} steps")
@@ -107,7 +112,7 @@ def test_a_rank_stuck_in_c_code_ends_even_when_closing_its_agent_hangs_too() -> 
     url = f"nats://127.0.0.1:{free_port()}"
     code, took, err = _terminated(url, "hung-close", "stuck, and so is a close hook", flush_on_sigterm=True)
     assert code == 128 + signal.SIGTERM, err
-    assert _sigterm.STUCK_AFTER_S + 1.0 <= took < _sigterm.STUCK_AFTER_S + _sigterm.CLOSE_WITHIN_S, err
+    assert STUCK_AFTER_S + 1.0 <= took < STUCK_AFTER_S + _sigterm.CLOSE_WITHIN_S, err
 
 
 TAKEN_OVER = """

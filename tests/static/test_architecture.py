@@ -54,7 +54,7 @@ def test_the_package_has_no_import_cycle(tmp_path: Path) -> None:
     assert done.stdout == "", f"import cycles:\n{done.stdout}"
 
 
-@pytest.mark.timeout(600)  # mypy over the package, tests, benches and examples, cold: ~45 s alone, more beside the tests
+@pytest.mark.timeout(600)  # mypy over the package, tests, benches and examples, cold: ~45 s alone, more when loaded
 def test_the_package_tests_benches_and_examples_type_check(tmp_path: Path) -> None:
     """mypy over the installed layout, with pyproject.toml's settings (the folders alone would not resolve
     ``trainvigil.*`` imports, and mypy would take them as Any), and over ``tests/``, ``bench/`` and
