@@ -90,3 +90,20 @@ def process_daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[D
     yield d
     if d.process is not None and d.process.poll() is None:
         d.kill()
+
+
+_SHARED_SCOPES = ("module", "class", "package")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (tests/run.py) the tests that share a module-scoped fixture (a daemon, a cluster,
+    a batch of CLIs) go to one worker, which builds it once; every other test is dealt out on its own. A test that
+    names its group (``@pytest.mark.xdist_group``: phases of one module that may run side by side) keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        if any(chain and chain[-1].scope in _SHARED_SCOPES for chain in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -5,9 +5,10 @@
 
 Steps:
 
-- **tests**: ``pytest -n WORKERS --dist loadscope -m "not serial"`` over ``tests/unit``, ``tests/integration`` and
-  ``tests/e2e`` (pytest-xdist; every server a test starts takes a free port and a temporary directory). A module's
-  tests stay on one worker, so a module-scoped fixture (a daemon, a cluster, a batch of CLIs) is built once.
+- **tests**: ``pytest -n WORKERS --dist loadgroup -m "not serial"`` over ``tests/unit``, ``tests/integration`` and
+  ``tests/e2e`` (pytest-xdist; every server a test starts takes a free port and a temporary directory). The tests
+  that share a module-scoped fixture (a daemon, a cluster, a batch of CLIs) stay on one worker, which builds it once
+  (tests/conftest.py groups them); the others are dealt out one by one.
 - **serial**: ``pytest -m serial``, alone once the parallel part is done: guards against blocking and measurements
   that a loaded machine would upset.
 - **static** (a full run only), started first at a lower priority so the tests keep the cores: ``ruff check``,
@@ -24,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,7 @@ class Step:
     status: int | None = None
     process: subprocess.Popen[bytes] | None = None
     log: Path | None = field(default=None, repr=False)
+    timer: threading.Thread | None = field(default=None, repr=False)
 
     def start(self, logs: Path) -> None:
         self.started = time.monotonic()
@@ -56,14 +59,24 @@ class Step:
                 self.process = subprocess.Popen(
                     self.command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_lower_priority
                 )
+            # Timed when it ends, not when the run gets round to asking.
+            self.timer = threading.Thread(target=self._finish, daemon=True)
+            self.timer.start()
         else:
             self.process = subprocess.Popen(self.command, cwd=ROOT)
 
-    def wait(self) -> int:
+    def _finish(self) -> None:
         assert self.process is not None
         status = self.process.wait()
-        self.status = 0 if status == NO_TESTS and self.name in ("tests", "serial") else status
         self.seconds = time.monotonic() - self.started
+        self.status = 0 if status == NO_TESTS and self.name in ("tests", "serial") else status
+
+    def wait(self) -> int:
+        if self.timer is not None:
+            self.timer.join()
+        else:
+            self._finish()
+        assert self.status is not None
         if self.log is not None and self.status != 0:
             print(f"\n==== {self.name} failed (exit {self.status}); its output:", flush=True)
             sys.stdout.write(self.log.read_text(errors="replace")[-20_000:])
@@ -88,7 +101,7 @@ def steps(args: list[str], scratch: Path) -> list[Step]:
     plan = [
         Step(
             "tests",
-            [*PYTEST, "-n", str(workers()), "--dist", "loadscope", "-m", "not serial", "--durations=25", *chosen],
+            [*PYTEST, "-n", str(workers()), "--dist", "loadgroup", "-m", "not serial", "--durations=25", *chosen],
         ),
         Step("serial", [*PYTEST, "-m", "serial", "--durations=10", *chosen]),
     ]

@@ -540,10 +540,10 @@ def _arrived(url: str, run_id: str) -> tuple[list[tuple[int, dict[str, Any]]], l
 
 
 @pytest.fixture
-def broker(nats_server: NatsServer) -> str:
+def broker(private_nats_server: NatsServer) -> str:
     """A real nats-server with the VIGIL stream (what the daemon would create)."""
-    asyncio.run(_create_stream(nats_server.url))
-    return nats_server.url
+    asyncio.run(_create_stream(private_nats_server.url))
+    return private_nats_server.url
 
 
 _runs = iter(range(10**9))

@@ -37,8 +37,8 @@ ENV = {**forgetting_env(IDLE_S), "VIGIL_LOG_LEVEL": "warning"}
 
 
 @pytest.fixture
-def flooded_daemon(nats_server: NatsServer, tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(nats_server.url, tmp_path / "data", env=ENV)
+def flooded_daemon(private_nats_server: NatsServer, tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(private_nats_server.url, tmp_path / "data", env=ENV)
     d.start()
     yield d
     if d.process is not None and d.process.poll() is None:
@@ -53,12 +53,12 @@ def _rss(d: Daemon) -> float:
 @pytest.mark.timeout(140)  # a flood, then its idle time-out and the RSS going back: ~46 s
 @pytest.mark.slow
 def test_a_flood_of_runs_is_forgotten_after_the_idle_time_out_and_a_live_run_still_pages(
-    nats_server: NatsServer, flooded_daemon: Daemon
+    private_nats_server: NatsServer, flooded_daemon: Daemon
 ) -> None:
     """After the idle time-out the flood's /metrics series are gone and the RSS goes back towards its baseline;
     a run that kept logging keeps its series, and its NaN pages."""
     d = flooded_daemon
-    url, port = nats_server.url, d.http_port
+    url, port = private_nats_server.url, d.http_port
     live_step = 0
 
     def live(value: float = 1.0) -> None:

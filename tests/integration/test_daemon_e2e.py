@@ -26,14 +26,16 @@ def _good(run_id: str) -> bytes:
     return encode(Envelope(source=Source(run_id=run_id), seq=1, records=[RunEvent(time=1.0, kind="ok")]))
 
 
-def test_bad_messages_become_dead_letters_and_ingest_goes_on(process_daemon: Daemon, nats_server: NatsServer) -> None:
+def test_bad_messages_become_dead_letters_and_ingest_goes_on(
+    process_daemon: Daemon, private_nats_server: NatsServer
+) -> None:
     good = msgspec.msgpack.decode(_good("dl"))
     wrong_version = msgspec.msgpack.encode({**good, "v": 2})
     truncated = _good("dl")[:-7]
     garbage = b"\x00\xffnot msgpack at all"
     asyncio.run(
         _publish(
-            nats_server.url,
+            private_nats_server.url,
             [
                 ("vigil.v1.dl.metrics", garbage),
                 ("vigil.v1.dl.run", wrong_version),
@@ -92,13 +94,13 @@ def test_vigil_sql_refuses_writes_and_file_access(
     assert row["run_id"] == "ro" and row["steps"] == 100 and row["last_step"] == 99 and row["status"] == "ok"
 
 
-def test_vigil_sql_reads_the_file_when_no_daemon_runs(daemon: InProcessDaemon, nats_server: NatsServer) -> None:
-    proc = run_producer(nats_server.url, "offline", 0, 50)
+def test_vigil_sql_reads_the_file_when_no_daemon_runs(daemon: InProcessDaemon, private_nats_server: NatsServer) -> None:
+    proc = run_producer(private_nats_server.url, "offline", 0, 50)
     finish(proc)
     wait_for(lambda: daemon.scalar("select count(*) from steps where run_id = 'offline'") == 50, 30, "50 rows")
     assert daemon.terminate() == 0
-    nats_server.stop()
-    where = ["--nats", nats_server.url, "--data-dir", str(daemon.data_dir)]
+    private_nats_server.stop()
+    where = ["--nats", private_nats_server.url, "--data-dir", str(daemon.data_dir)]
     # Side by side: each reads the file read-only (DuckDB lets several processes share a read-only open).
     result, refused = vigil_together(
         ["sql", "select count(*) from steps", *where, "--format", "csv"],

@@ -127,18 +127,18 @@ def test_o_replaces_the_file_whole(small_daemon: Daemon, tmp_path: Path) -> None
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
-def test_without_a_daemon_the_file_is_read(nats_server: NatsServer, tmp_path: Path) -> None:
-    d = InProcessDaemon(nats_server.url, tmp_path / "data", env=ROW_LIMIT)  # its own: this test stops it
+def test_without_a_daemon_the_file_is_read(private_nats_server: NatsServer, tmp_path: Path) -> None:
+    d = InProcessDaemon(private_nats_server.url, tmp_path / "data", env=ROW_LIMIT)  # its own: this test stops it
     d.start()
     try:
-        _fill(d, nats_server.url)
+        _fill(d, private_nats_server.url)
     finally:
         assert d.terminate() == 0
-    nats_server.stop()
+    private_nats_server.stop()
     target = tmp_path / "offline.parquet"
     done = vigil(
         "export", "ex", "--format", "parquet", "-o", str(target),
-        "--nats", nats_server.url, "--data-dir", str(d.data_dir),
+        "--nats", private_nats_server.url, "--data-dir", str(d.data_dir),
     )  # fmt: skip
     assert done.returncode == EXIT_OK, done.stderr
     assert "no daemon answered" in done.stderr and "vigil.duckdb" in done.stderr

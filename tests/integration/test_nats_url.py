@@ -131,9 +131,9 @@ def _lines(stream: IO[str], into: queue.Queue[str]) -> None:
         into.put(line)
 
 
-def test_vigil_alerts_follow_fails_over_along_a_comma_separated_list(nats_server: NatsServer) -> None:
+def test_vigil_alerts_follow_fails_over_along_a_comma_separated_list(private_nats_server: NatsServer) -> None:
     """The first server of the list is down: the follow reaches the second and prints what is published there."""
-    url = f"nats://127.0.0.1:{free_port()},nats://127.0.0.1:{nats_server.port}"
+    url = f"nats://127.0.0.1:{free_port()},nats://127.0.0.1:{private_nats_server.port}"
     command = [sys.executable, "-m", "trainvigil.daemon.cli", "alerts", "--follow", "--format", "json", "--nats", url]
     out: queue.Queue[str] = queue.Queue()
     err: queue.Queue[str] = queue.Queue()
@@ -150,7 +150,7 @@ def test_vigil_alerts_follow_fails_over_along_a_comma_separated_list(nats_server
             assert "following vigil.v1.alerts.>" in said, said
 
             async def publish() -> None:
-                nc = await nats.connect(nats_server.url)
+                nc = await nats.connect(private_nats_server.url)
                 alert = Anomaly(time=1.0, run_id="far", rank=0, step=3, detector="nan", severity="page", state="open")
                 await nc.publish(
                     DEFAULT_SUBJECTS.alert("far"), encode(Envelope(source=Source(run_id="far"), records=[alert]))

@@ -40,7 +40,7 @@ from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.daemon.cli.main import EXIT_OK
 from trainvigil.daemon.cli.main import main as vigil_main
 from trainvigil.errors import ConfigError
-from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, RunEvent, Source, StepBatch, decode, encode
+from trainvigil.schemas import Envelope, RunEvent, Source, StepBatch, Subjects, decode, encode
 
 N = 2000
 WARNING = "no broker answers at"
@@ -529,11 +529,12 @@ def test_a_killed_agents_spill_file_is_adopted_and_pushed_exactly_once_but_never
 
 def _event_file(path: Path, run_id: str, broker: str, count: int) -> list[int]:
     """A sealed file of ``count`` messages of one event each (steps 0..count-1, made one a second until now),
-    as an agent keeps them; returns where each message's frame ends."""
+    as an agent of the test's namespace keeps them; returns where each message's frame ends."""
+    subjects = Subjects(os.environ.get("VIGIL_NAMESPACE", ""))
     source = Source(run_id=run_id, host="h", pid=1)
     then = time.time() - count
     frames = [
-        frame(OutMsg(DEFAULT_SUBJECTS.data(run_id, "run"), f"{run_id}/0/h/1/n/{i}", encode(envelope), 1))
+        frame(OutMsg(subjects.data(run_id, "run"), f"{run_id}/0/h/1/n/{i}", encode(envelope), 1))
         for i in range(count)
         for envelope in [Envelope(source=source, seq=i + 1, records=[RunEvent(time=then + i, kind="note", step=i)])]
     ]

@@ -76,13 +76,13 @@ FOREIGN = {
 
 
 def test_vigil_push_refuses_a_file_with_any_frame_off_its_runs_data_subjects_and_sends_nothing_of_it(
-    process_daemon: Daemon, nats_server: NatsServer, tmp_path: Path
+    process_daemon: Daemon, private_nats_server: NatsServer, tmp_path: Path
 ) -> None:
     """Each crafted file starts with a frame of its own run, then names another subject: nothing of it goes
     out, it stays byte for byte, and the command names the file and the subject. The good file beside them
     is delivered; the stream is the one the daemon made (a JetStream API subject would have deleted it)."""
-    spill, broker = tmp_path / "crafted", broker_key(nats_server.url)
-    created, _ = _stream(nats_server.url)
+    spill, broker = tmp_path / "crafted", broker_key(private_nats_server.url)
+    created, _ = _stream(private_nats_server.url)
     kept = {}
     for n, (name, subject) in enumerate(FOREIGN.items()):
         run = f"crafted-{name}"
@@ -91,7 +91,7 @@ def test_vigil_push_refuses_a_file_with_any_frame_off_its_runs_data_subjects_and
         os.utime(path, (1000 + n, 1000 + n))  # older than the good file: tried first
     _sealed(spill / "good-r0-p1-n.spill", broker, [_event("good", i) for i in range(5)])
 
-    pushed = vigil("push", str(spill), "--nats", nats_server.url, timeout=DEADLINE_S)
+    pushed = vigil("push", str(spill), "--nats", private_nats_server.url, timeout=DEADLINE_S)
 
     assert pushed.returncode == 1, pushed.stderr
     _clean(pushed)
@@ -105,7 +105,9 @@ def test_vigil_push_refuses_a_file_with_any_frame_off_its_runs_data_subjects_and
         lambda: process_daemon.scalar("select count(*) from events where run_id = 'good'") == 5, 30, "the good file"
     )
     assert process_daemon.scalar("select count(*) from events where run_id like 'crafted-%'") == 0
-    assert _stream(nats_server.url) == (created, 5), "the same stream, which took the good file's messages alone"
+    assert _stream(private_nats_server.url) == (created, 5), (
+        "the same stream, which took the good file's messages alone"
+    )
     assert '"stream_missing"' not in process_daemon.log.read_text()
 
 
@@ -137,16 +139,16 @@ def test_vigil_push_refuses_fifos_devices_and_symbolic_links_by_kind_without_ope
 
 
 def test_vigil_push_of_a_header_only_spill_file_says_it_held_nothing_and_removes_it(
-    daemon: InProcessDaemon, nats_server: NatsServer, tmp_path: Path
+    daemon: InProcessDaemon, private_nats_server: NatsServer, tmp_path: Path
 ) -> None:
     path = tmp_path / "empty-r0-p1-n.spill"
-    path.write_bytes(sealed_header(broker_key(nats_server.url)))
-    pushed = vigil("push", str(path), "--nats", nats_server.url, timeout=DEADLINE_S)
+    path.write_bytes(sealed_header(broker_key(private_nats_server.url)))
+    pushed = vigil("push", str(path), "--nats", private_nats_server.url, timeout=DEADLINE_S)
     assert pushed.returncode == 0, pushed.stderr
     _clean(pushed)
     assert "empty-r0-p1-n.spill: held no messages (a header only), removed" in pushed.stderr
     assert not path.exists()
-    assert _stream(nats_server.url)[1] == 0
+    assert _stream(private_nats_server.url)[1] == 0
 
 
 # ---- vigil verify: the manifest -----------------------------------------------------------------------------

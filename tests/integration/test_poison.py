@@ -269,13 +269,13 @@ async def _publish(url: str, items: list[tuple[str, bytes]]) -> None:
     await nc.close()
 
 
-def test_poison_on_the_bus_never_stops_the_daemon(process_daemon: Daemon, nats_server: NatsServer) -> None:
+def test_poison_on_the_bus_never_stops_the_daemon(process_daemon: Daemon, private_nats_server: NatsServer) -> None:
     """Every kind of poison, through a real nats-server and a real daemon."""
     items = [("vigil.v1.r.run", _valid_event("first"))]
     for name in sorted(POISON):
         items.append(("vigil.v1.r.run", POISON[name]))
         items.append(("vigil.v1.r.run", _valid_event(f"after_{name}")))
-    asyncio.run(_publish(nats_server.url, items))
+    asyncio.run(_publish(private_nats_server.url, items))
     wait_for(
         lambda: process_daemon.scalar("select count(*) from events where kind like 'after_%'") == len(POISON),
         60,

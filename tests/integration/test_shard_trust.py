@@ -154,13 +154,13 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ids=["runs", "sql", "export"],
 )
 def test_a_rogue_shard_on_an_open_bus_cannot_run_sql_on_the_operators_machine(
-    nats_server: support.NatsServer, tmp_path: Path, command: list[str]
+    private_nats_server: support.NatsServer, tmp_path: Path, command: list[str]
 ) -> None:
     secret, out = _secret(tmp_path), tmp_path / "stolen.csv"
     evil = _closes_the_cast(secret, out)
     answer = QueryResult(columns=["known", "rows"], types=[evil, "BIGINT"], rows=[[1, 1]])
-    with Rogue(nats_server.url, answer) as rogue:
-        done = _run_cli(*command, "--nats", nats_server.url, "--data-dir", str(tmp_path / "none"))
+    with Rogue(private_nats_server.url, answer) as rogue:
+        done = _run_cli(*command, "--nats", private_nats_server.url, "--data-dir", str(tmp_path / "none"))
     assert rogue.asked, "the CLI never asked the rogue shard: the attack was not tried"
     assert not out.exists(), f"a shard's reply ran SQL on this machine: {out} holds {out.read_text()!r}"
     assert done.returncode != 0, done.stdout
@@ -170,16 +170,16 @@ def test_a_rogue_shard_on_an_open_bus_cannot_run_sql_on_the_operators_machine(
 
 
 def test_a_rogue_daemon_on_an_open_bus_cannot_run_sql_through_a_parquet_export(
-    nats_server: support.NatsServer, tmp_path: Path
+    private_nats_server: support.NatsServer, tmp_path: Path
 ) -> None:
     """The Parquet writer asks DuckDB for the Arrow types of an answer's columns: from the parsed types only."""
     secret, out = _secret(tmp_path), tmp_path / "stolen.csv"
     answer = QueryResult(columns=["known", "rows"], types=[_closes_the_null(secret, out), "BIGINT"], rows=[[1, 1]])
     target = tmp_path / "r1.parquet"
-    with Rogue(nats_server.url, answer, as_daemon=True) as rogue:
+    with Rogue(private_nats_server.url, answer, as_daemon=True) as rogue:
         done = _run_cli(
-            "export", "r1", "--table", "events", "--format", "parquet", "-o", str(target), "--nats", nats_server.url,
-            "--data-dir", str(tmp_path / "none"),
+            "export", "r1", "--table", "events", "--format", "parquet", "-o", str(target),
+            "--nats", private_nats_server.url, "--data-dir", str(tmp_path / "none"),
         )  # fmt: skip
     assert rogue.asked, "the CLI never asked the rogue daemon: the attack was not tried"
     assert not out.exists(), f"a daemon's reply ran SQL on this machine: {out} holds {out.read_text()!r}"
@@ -472,13 +472,13 @@ def test_every_duckdb_the_cli_opens_is_the_locked_one() -> None:
 
 
 def test_merging_on_an_open_bus_warns_once_per_command(
-    nats_server: support.NatsServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    private_nats_server: support.NatsServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Any process can answer as a shard without credentials: a well-formed answer is merged, and said so."""
     answer = QueryResult(columns=["n"], types=["BIGINT"], rows=[[7]])
     with (
-        Rogue(nats_server.url, answer) as rogue,
-        QuerySource(nats_url=nats_server.url, data_dir=tmp_path / "none", timeout=10) as source,
+        Rogue(private_nats_server.url, answer) as rogue,
+        QuerySource(nats_url=private_nats_server.url, data_dir=tmp_path / "none", timeout=10) as source,
     ):
         assert [source.ask("SELECT n FROM t", 10).rows for _ in range(2)] == [[[7]], [[7]]]
     assert len(rogue.asked) >= 2

@@ -26,7 +26,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def _ask(daemon: Daemon, request: QueryRequest, timeout: float = 30) -> QueryResult:
-    result = asyncio.run(ask_daemon(daemon.nats_url, request, timeout))
+    result = asyncio.run(ask_daemon(daemon.nats_url, request, timeout, subjects=daemon.subjects))
     assert result is not None, "no daemon answered"
     return result
 

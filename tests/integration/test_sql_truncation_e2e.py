@@ -67,17 +67,17 @@ def test_the_byte_budget_cut_is_named(nats_server: NatsServer, tmp_path: Path) -
     assert "byte budget" in done.stderr and "query_max_bytes" in done.stderr, done.stderr
 
 
-def test_reading_the_file_without_a_daemon_says_so_too(nats_server: NatsServer, tmp_path: Path) -> None:
-    d = InProcessDaemon(nats_server.url, tmp_path / "data", env=SHIPPED)  # its own: this test stops it
+def test_reading_the_file_without_a_daemon_says_so_too(private_nats_server: NatsServer, tmp_path: Path) -> None:
+    d = InProcessDaemon(private_nats_server.url, tmp_path / "data", env=SHIPPED)  # its own: this test stops it
     d.start()
     try:
         _fill(d)
     finally:
         assert d.terminate() == 0
-    nats_server.stop()
+    private_nats_server.stop()
     done = vigil(
         "sql", "select step from steps", "--limit", "500", "--format", "csv",
-        "--nats", nats_server.url, "--data-dir", str(d.data_dir),
+        "--nats", private_nats_server.url, "--data-dir", str(d.data_dir),
     )  # fmt: skip
     assert done.returncode == EXIT_TRUNCATED, done.stderr
     assert len(done.stdout.splitlines()) == 1 + 500

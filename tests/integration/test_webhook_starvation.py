@@ -155,21 +155,21 @@ def _drops_logged(daemon: Daemon) -> int:
 
 
 def test_a_flood_of_pages_from_one_run_never_crowds_out_another_runs_page(
-    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    private_nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with hook_server(HANG, 200) as hook:
         settings = {"WEBHOOK_URL": hook.url, "TIMEOUT_S": "120", "QUEUE_SIZE": "20", "DRAIN_S": "5"}
         for key, value in settings.items():
             monkeypatch.setenv(f"VIGIL_ALERTS_{key}", value)
-        daemon = Daemon(nats_server.url, tmp_path / "data")
+        daemon = Daemon(private_nats_server.url, tmp_path / "data")
         daemon.start()
         try:
-            _publish(nats_server.url, "blocker", 1)
+            _publish(private_nats_server.url, "blocker", 1)
             wait_for(lambda: hook.count() == 1, 30, "the first page's post to hang")
-            _publish(nats_server.url, "victim", 1)
+            _publish(private_nats_server.url, "victim", 1)
             victim = "select count(*) from anomalies where run_id = 'victim' and detector = 'non_finite'"
             wait_for(lambda: daemon.scalar(victim) == 1, 30, "the victim's page")
-            _publish(nats_server.url, "flood", 200)
+            _publish(private_nats_server.url, "flood", 200)
             flood = "select count(*) from anomalies where run_id = 'flood' and detector = 'non_finite'"
             wait_for(lambda: daemon.scalar(flood) == 200, 60, "the flood's 200 pages")
             wait_for(lambda: _drops_logged(daemon) >= 180, 30, "the flood overflowing the queue")

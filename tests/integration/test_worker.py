@@ -436,9 +436,9 @@ async def _create_stream(url: str) -> None:
         await nc.close()
 
 
-def test_agent_flush_against_a_real_broker_and_after_close(nats_server: NatsServer, tmp_path: Path) -> None:
-    asyncio.run(_create_stream(nats_server.url))
-    agent = trainvigil.init(run_id="flush", nats_url=nats_server.url, spill_dir=tmp_path, flush_interval=3600)
+def test_agent_flush_against_a_real_broker_and_after_close(private_nats_server: NatsServer, tmp_path: Path) -> None:
+    asyncio.run(_create_stream(private_nats_server.url))
+    agent = trainvigil.init(run_id="flush", nats_url=private_nats_server.url, spill_dir=tmp_path, flush_interval=3600)
     for step in range(5000):
         agent.log(step, loss=1.0)
     assert agent.flush(30)
@@ -448,12 +448,12 @@ def test_agent_flush_against_a_real_broker_and_after_close(nats_server: NatsServ
 
 
 def test_a_real_agents_rounds_hold_their_acks_on_the_connection_and_lose_nothing(
-    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    private_nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """nats-py's socket is really held between flushes and through a slow loop's quiet spells (its transport is
     reached through nats-py's internals: an upgrade that moves them fails here), and every step is still
     acknowledged."""
-    asyncio.run(_create_stream(nats_server.url))
+    asyncio.run(_create_stream(private_nats_server.url))
     held: list[tuple[bool, float]] = []  # took hold of the socket; for how long at most
     hold = AckInbox.hold
 
@@ -462,7 +462,7 @@ def test_a_real_agents_rounds_hold_their_acks_on_the_connection_and_lose_nothing
         held.append((inbox._held is not None, until - asyncio.get_running_loop().time()))
 
     monkeypatch.setattr(AckInbox, "hold", spied)
-    agent = trainvigil.init(run_id="held", nats_url=nats_server.url, spill_dir=tmp_path, flush_interval=0.05)
+    agent = trainvigil.init(run_id="held", nats_url=private_nats_server.url, spill_dir=tmp_path, flush_interval=0.05)
     for step in range(210):
         agent.log(step, loss=1.0)
         time.sleep(0.005 if step < 200 else 0.2)  # the loop's pace, part of the setup: steady, then slow
