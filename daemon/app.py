@@ -184,9 +184,12 @@ async def _with_retries(call: Callable[[], Awaitable[object]], url: str, deadlin
         ) from None
 
 
-async def _watch_signals(ingest: Ingest) -> None:
+async def _watch_signals(ingest: Ingest, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     # SIGHUP: the terminal that ran `vigil up` closed; drained and stopped like SIGTERM, the broker with it.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        # Started (and so "ready" announced) only once the handlers are in: a signal sent on "ready" must not
+        # meet the default action, which kills the daemon without draining.
+        task_status.started()
         async for signum in signals:
             log.info("stopping", signal=signal.Signals(signum).name)
             ingest.stop()
@@ -298,7 +301,7 @@ async def serve(
                 await tg.start(Canaries(nc, store, config, metrics, alerts, url).serve)
                 ingest = Ingest(js, store, config, metrics, alerts)
                 if stop is None:
-                    tg.start_soon(_watch_signals, ingest)
+                    await tg.start(_watch_signals, ingest)
                 else:
                     tg.start_soon(_watch_event, ingest, stop)
                 log.info(

@@ -36,8 +36,13 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """A daemon whose queries may grow it by 64 MiB, on a broker of its own."""
-    with serving(tmp_path_factory.mktemp("query-memory"), {"VIGIL_QUERY_MEMORY_BYTES": str(BUDGET)}) as d:
+    """A daemon whose queries may grow it by 64 MiB, on a broker of its own.
+
+    The spill guard is set out of reach: these tests are about the memory guard, and a sort that spills (``order
+    by random()``) would otherwise race it to its default 256 MiB, whichever of the two the guard's poll sees first.
+    """
+    env = {"VIGIL_QUERY_MEMORY_BYTES": str(BUDGET), "VIGIL_QUERY_SPILL_BYTES": str(2**40)}
+    with serving(tmp_path_factory.mktemp("query-memory"), env) as d:
         yield d
 
 
