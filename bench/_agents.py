@@ -21,7 +21,8 @@ from typing import IO, Any
 
 import numpy as np
 from _procs import alive, spawn
-from _wait import wait_until
+
+from trainvigil.testing import wait_until
 
 CONNECT_TIMEOUT_S = 30.0
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _agents import ProducerResult, collect, go, spawn_producers
-from _procs import STEPS_SERIES, daemon_argv, log_events, scrape, spawn, start_nats, stored_rows
+from _procs import daemon_argv, log_events, spawn, start_nats, stored_rows
 from tables import table
+
+from trainvigil.testing import STEPS_SERIES, scrape
 
 POLL_S = 0.5
 

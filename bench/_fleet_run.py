@@ -13,13 +13,10 @@ import numpy as np
 from _procs import (
     COMMITS_SERIES,
     LAG_SERIES,
-    STEPS_SERIES,
     Services,
     cpu_seconds,
     log_events,
     machine_cpu,
-    memory_mib,
-    scrape,
     shut_down,
     start_services,
     stored_rows,
@@ -37,6 +34,7 @@ from fleet import (
 from tables import table
 
 from trainvigil.schemas import Anomaly
+from trainvigil.testing import STEPS_SERIES, memory_mib, scrape
 
 
 @dataclass(frozen=True)

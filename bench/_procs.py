@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,33 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _wait import wait_until
+from trainvigil.testing import STEPS_SERIES, memory_mib, scrape, wait_until
 
-STEPS_SERIES = 'vigil_events_ingested_total{kind="steps"}'
 LAG_SERIES = "vigil_consumer_lag"
 WRITE_SECONDS_SERIES = "vigil_batch_write_seconds_sum"
 COMMITS_SERIES = "vigil_batch_write_seconds_count"
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The daemon's ``/metrics`` as series → value (read to the end: the request asks to close after one answer)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    _, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-    series = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            series[name] = float(value)
-    return series
-
-
-def steps_committed(port: int) -> int:
-    return int(scrape(port)[STEPS_SERIES])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -76,14 +54,6 @@ def log_events(path: Path, least: str = "warning") -> Counter[str]:
             if record.get("level") in wanted:
                 found[str(record.get("event"))] += 1
     return found
-
-
-def memory_mib(pid: int, field: str = "VmHWM") -> float:
-    """A memory line of ``/proc/<pid>/status`` in MiB: ``VmHWM`` (peak resident set) or ``VmRSS`` (now)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/{pid}/status")
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from _wait import wait_until
+
+from trainvigil.testing import wait_until
 
 # One BLAS thread for the compute step: idle BLAS threads spin for a while after each call, and on a
 # small machine they would take the training thread's core and show up in every tool's tail.

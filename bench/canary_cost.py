@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _procs import Services, children_cpu_seconds, cpu_seconds, scrape, spawn, start_services, steps_committed
-from _wait import wait_until
+from _procs import Services, children_cpu_seconds, cpu_seconds, spawn, start_services
 from ingest import Throughput, throughput_phase
 from tables import table
 
 from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS
+from trainvigil.testing import scrape, steps_committed, wait_until
 
 RUNNING_SERIES = "vigil_canaries_running"
 VERDICT_LINE = re.compile(r"^vigil: (?P<run_id>canary-\S+): (?P<verdict>pass|fail|error|aborted): ")

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _procs import memory_mib, scrape, start_daemon, start_nats
-from _wait import wait_until
+from _procs import start_daemon, start_nats
 from fleet import ProducerReport, _connect, _Out, _Publisher
 
 from trainvigil.schemas import DEFAULT_SUBJECTS, Column, Envelope, Source, StepBatch, encode
+from trainvigil.testing import memory_mib, scrape, wait_until
 
 _F8, _I8 = np.dtype("<f8"), np.dtype("<i8")
 

@@ -34,13 +34,13 @@ from pathlib import Path
 
 import nats
 from _agents import collect, go, spawn_producers
-from _cluster import NatsCluster
 from _procs import daemon_argv, spawn, stored_rows
 
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import load
 from trainvigil.schemas.shards import shard_of
+from trainvigil.testing import NatsCluster
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from _procs import scrape
-from _wait import wait_until
 
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
 from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, decode
+from trainvigil.testing import scrape, wait_until
 
 AGENT = """
 import sys, time, trainvigil

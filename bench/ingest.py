@@ -50,21 +50,10 @@ from pathlib import Path
 import msgspec
 import numpy as np
 from _agents import Producer, check_producers, collect, go, spawn_producers
-from _procs import (
-    COMMITS_SERIES,
-    STEPS_SERIES,
-    WRITE_SECONDS_SERIES,
-    Services,
-    cpu_seconds,
-    scrape,
-    shut_down,
-    start_services,
-    steps_committed,
-    stored_rows,
-)
-from _wait import wait_until
+from _procs import COMMITS_SERIES, WRITE_SECONDS_SERIES, Services, cpu_seconds, shut_down, start_services, stored_rows
 
 from trainvigil.agents.options import AgentOptions
+from trainvigil.testing import STEPS_SERIES, scrape, steps_committed, wait_until
 
 TARGET_STEPS_PER_S = 500_000
 TARGET_RSS_MIB = 1024

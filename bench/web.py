@@ -35,9 +35,10 @@ from typing import Any
 import httpx
 import numpy as np
 from _agents import collect, go, spawn_producers
-from _procs import start_daemon, start_nats, steps_committed
-from _wait import wait_until
+from _procs import start_daemon, start_nats
 from tables import table
+
+from trainvigil.testing import steps_committed, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 SIZES = (1_000, 100_000, 1_000_000)

@@ -13,14 +13,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _wait import wait_until as wait_for  # the one deadline helper, shared with bench/ (tests call it wait_for)
-
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
 from trainvigil.daemon.cli.sqlclient import _ask, _connect, ask_daemon
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.query import QueryRequest, QueryResult
 from trainvigil.schemas.shards import ShardId
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects, describe_namespace
+from trainvigil.testing import (
+    wait_until as wait_for,  # the one deadline helper, shared with bench/ (tests call it wait_for)
+)
 
 HERE = Path(__file__).parent
 """This folder: the helper scripts the tests run as processes (``producer.py``, ``nan_train.py``, ...)."""

@@ -19,7 +19,6 @@ import msgspec
 import nats
 import pytest
 import support
-from _cluster import NatsCluster
 from support import AuthBroker, ShardDaemon, wait_for
 
 from trainvigil.daemon.canary.schedule import owned_id, run_id_of
@@ -29,6 +28,7 @@ from trainvigil.schemas import DEFAULT_SUBJECTS, CanaryResult, decode
 from trainvigil.schemas.canaries import CanaryAccepted, CanaryRequest
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.shards import ShardId, shard_of
+from trainvigil.testing import NatsCluster
 
 pytestmark = pytest.mark.xdist_group("canary_shards")  # with --dist loadgroup: one worker builds the deployment
 SHARDS = 2

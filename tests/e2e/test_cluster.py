@@ -22,7 +22,6 @@ import duckdb
 import nats
 import pytest
 import support
-from _cluster import NatsCluster
 from support import HERE, ROOT, ShardDaemon, wait_for
 
 from trainvigil.daemon import config as config_mod
@@ -33,6 +32,7 @@ from trainvigil.errors import ConfigError, QueryRefusedError
 from trainvigil.schemas import DEFAULT_SUBJECTS
 from trainvigil.schemas.query import QueryResult
 from trainvigil.schemas.shards import ShardId, shard_of
+from trainvigil.testing import NatsCluster
 
 SHARDS = 2
 

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _procs import steps_committed
 from support import Daemon, NatsServer, finish, run_producer, wait_for
+
+from trainvigil.testing import steps_committed
 
 ATTACKS = (
     "select repeat('x', 600000) as s from range(10000)",

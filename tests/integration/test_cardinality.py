@@ -11,7 +11,6 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from _procs import memory_mib
 from cardinality import Flood, committed, forgetting_env, messages, publish, series, step_message
 from fleet import AlertWatch
 from support import Daemon, NatsServer, wait_for
@@ -29,6 +28,7 @@ from trainvigil.daemon.web.cache import MAX_ENTRIES, SharedAnswers
 from trainvigil.daemon.web.live import NOTICE_RUNS_MAX, Subscription, merged
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import Anomaly, RunEnd, Source
+from trainvigil.testing import memory_mib
 
 IDLE_S = 6.0
 FLOOD = Flood(runs=1000, ranks=20, names=20, prefix="card")

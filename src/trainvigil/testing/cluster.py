@@ -20,10 +20,11 @@ from pathlib import Path
 
 import nats
 import nats.errors
-from _wait import wait_until
 
 from trainvigil.daemon.broker.embedded import find_binary, free_port
 from trainvigil.schemas.shards import partition_mappings
+
+from .wait import wait_until
 
 
 def _since(path: Path, offset: int) -> str:
@@ -134,7 +135,15 @@ class NatsCluster:
         process.wait(10)
         self.processes[i] = None
 
+    def __enter__(self) -> NatsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
+        """Every node still running: SIGTERM, then SIGKILL after 10 s."""
         for process in self.processes:
             if process is not None and process.poll() is None:
                 process.terminate()

@@ -1,4 +1,4 @@
-"""Waiting on a condition with a deadline: shared by the benches and the tests (``pythonpath`` has ``bench``)."""
+"""Waiting on a condition with a deadline, never a bare ``sleep``."""
 
 from __future__ import annotations
 
