@@ -1,8 +1,8 @@
 """What every detector shares: its signature and the alert-episode state machine.
 
 One incident is one *episode*, not a storm: the first flagged step opens it (one
-``Anomaly``, state ``open``), a later page-level flag while it is a warning escalates it
-(state ``escalated``), and once ``cooldown`` steps pass with no flag it clears (state
+``Anomaly``, state ``open``), a later flag of a higher severity (a page while it is a warning)
+escalates it (state ``escalated``), and once ``cooldown`` steps pass with no flag it clears (state
 ``cleared``) and the detector re-arms. Every update carries the same ``episode`` id, so the
 ``anomalies`` table keeps one row per episode.
 
@@ -94,6 +94,8 @@ class _Episode:
     last_step: int | None
     finding: Finding
     degraded: bool = False
+    detector: str = ""
+    """The detector its updates name: the episode's latest stage where stages of several share it (``_liveness``)."""
 
 
 _NO_FINDING = Finding(None, None, None, "")
@@ -178,12 +180,25 @@ class Episodes:
         return out
 
     def flag(
-        self, key: StreamKey, at: int, severity: int, time: float, finding: Finding, *, step: int | None = None
+        self,
+        key: StreamKey,
+        at: int,
+        severity: int,
+        time: float,
+        finding: Finding,
+        *,
+        step: int | None = None,
+        detector: str = "",
     ) -> list[Anomaly]:
-        """Flag one position directly (detectors that judge one record at a time)."""
+        """Flag one position directly (detectors that judge one record at a time).
+
+        Args:
+            detector: the name the update carries, when not this machine's: the episode opens under it, and an
+                escalation renames it (one episode whose stages are different detectors, ``_liveness``).
+        """
         out: list[Anomaly] = []
         self._maybe_clear(key, at - 1, time, out)
-        self._flag(key, at, severity, time, lambda _i: finding, 0, step is not None, out, step=step)
+        self._flag(key, at, severity, time, lambda _i: finding, 0, step is not None, out, step=step, detector=detector)
         return out
 
     def quiet(self, key: StreamKey, at: int, time: float) -> list[Anomaly]:
@@ -204,18 +219,20 @@ class Episodes:
         out: list[Anomaly],
         *,
         step: int | None = None,
+        detector: str = "",
     ) -> None:
         this_step = step if step is not None else (at if steps else None)
+        name = detector or self.detector
         episode = self._open.get(key)
         if episode is not None:
             episode.last_at, episode.last_step = at, this_step
             if severity <= episode.severity:
                 return
-            episode.severity = severity
+            episode.severity, episode.detector = severity, name
             state = "escalated"
         else:
             episode = _Episode(
-                episode_id(self.detector, key[0], key[1], at), at, at, severity, this_step, this_step, _NO_FINDING
+                episode_id(name, key[0], key[1], at), at, at, severity, this_step, this_step, _NO_FINDING, detector=name
             )
             self._open[key] = episode
             state = "open"
@@ -254,7 +271,7 @@ class Episodes:
             run_id=key[0],
             rank=key[1],
             step=episode.opened_step,
-            detector=self.detector,
+            detector=episode.detector or self.detector,
             severity="page" if episode.severity >= PAGE else "warn",
             value=_num(finding.value),
             baseline=_num(finding.baseline),

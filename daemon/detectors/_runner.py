@@ -10,10 +10,12 @@ from trainvigil.daemon.detectors._base import Detector, journaled
 from trainvigil.daemon.detectors._coalesce import Coalescer
 from trainvigil.daemon.detectors._isolation import DetectorFailures
 from trainvigil.daemon.detectors._lifecycle import RunTracker
+from trainvigil.daemon.detectors._liveness import link
 from trainvigil.schemas import Anomaly
 
 SILENCE_WATCHERS: dict[str, str] = {"stall": "min_seconds", "hang": "min_seconds", "run_failed": "lost_after_s"}
-"""The detectors that page a stream for its silence, and the setting naming the shortest silence each pages."""
+"""The detectors that page a stream for its silence, and the setting naming the shortest silence each pages.
+In one :class:`Detectors` they are stages of one liveness machine (``_liveness``): a rank pages once."""
 SILENCE_MARGIN_S = 10.0
 """A stream is forgotten no sooner than this after the longest of those silences: the watchers' own sweeps
 (once a second) page it first, and the page stays open in the store with its last update."""
@@ -49,6 +51,7 @@ class Detectors(list[Detector]):
         held: Coalescer | None = None,
     ) -> None:
         super().__init__(detectors)
+        link(d for d in self if d.name in SILENCE_WATCHERS)
         self.runs = RunTracker(idle_forget_s, forget_after_s(self, idle_forget_s))
         self.forgotten = 0
         self.failures = DetectorFailures()

@@ -24,34 +24,23 @@ The message says where the other ranks of the run are (all stuck at the same ste
 collective or a shared resource; one stuck: that rank) and, when the agent sent one, the
 training thread's stack from its latest heartbeat ("stuck in all_reduce").
 
-Time is the daemon's clock (``batch.now``); step intervals come from the producer's clock. In
-replay there are no heartbeats, so this detector stays silent there.
+A hang is the first stage of the rank's one liveness episode (``alive → hung → silent → lost``): if
+the process then dies (its heartbeats stop), the same episode escalates to ``stall``, then to
+``run_failed`` (lost), each update keeping this message (and its stack), instead of a page per
+detector. An episode's row in ``anomalies`` names the stage it last reached.
+
+Time is the daemon's clock (``batch.now``); step intervals come from the producer's clock. A
+recording replayed without its heartbeats has none, so this detector stays silent there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
-import numpy as np
-
-from trainvigil.daemon.batch.decode import IngestBatch
-from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
-from trainvigil.daemon.detectors._lifecycle import Clock, Sweeper
-from trainvigil.daemon.detectors._robust import Window, fast_quantile
-from trainvigil.daemon.detectors._series import PAUSE_TAGS, StreamKey, streams
-from trainvigil.schemas import Anomaly
-
-SWEEP_S = 1.0
-"""Live streams are swept for silence at most this often (daemon clock)."""
-
-PHASE_TAGS = (*PAUSE_TAGS, "phase")
-"""Events that open a declared long phase (ended by the next step)."""
-
-_WINDOW = 512
-"""Recent step intervals kept per stream for the p99."""
-
-_MIN_INTERVALS = 8
-"""Below this many intervals the pace is unknown and only ``min_seconds`` applies."""
+from trainvigil.daemon.detectors._base import DetectorSettings, Finding
+from trainvigil.daemon.detectors._liveness import HUNG, Life, LivenessDetector, Stage, StageOf
+from trainvigil.daemon.detectors._series import StreamKey
 
 
 class HangSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
@@ -66,124 +55,54 @@ class HangSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
     before it counts as a hang."""
 
 
-class _Stream:
-    __slots__ = ("heartbeat_at", "intervals", "last_step", "last_time", "phase", "progress_at", "stack")
+class _Hung(StageOf[HangSettings]):
+    """The ``hung`` stage: heartbeats come, the step counter does not move."""
 
-    def __init__(self) -> None:
-        self.last_step = -1
-        self.last_time = float("nan")
-        """Producer time of the latest step."""
-        self.progress_at = float("nan")
-        """Daemon time the step counter last advanced."""
-        self.heartbeat_at = float("-inf")
-        self.intervals = Window(_WINDOW)
-        """The latest step intervals."""
-        self.phase = ""
-        """A declared long phase since the last step ("" when none)."""
-        self.stack: list[str] = []
+    state = HUNG
 
-    def p99(self) -> float | None:
-        n = self.intervals.count
-        return fast_quantile(self.intervals.values, 0.99) if n >= _MIN_INTERVALS else None
+    @property
+    def floor_s(self) -> float:
+        return min(self.settings.min_seconds, self.settings.phase_max_s)
 
-
-class Hang(StreamDetector[_Stream]):
-    """Streams are the live ones: a clean ``run_end`` removes its stream at once."""
-
-    name: ClassVar[str] = "hang"
-    Settings: ClassVar[type[DetectorSettings]] = HangSettings
-
-    def __init__(self, settings: HangSettings) -> None:
-        super().__init__(settings, cooldown=1)
-        self._clock = Clock()
-        self._sweeps = Sweeper(SWEEP_S)
-
-    def new_state(self) -> _Stream:
-        return _Stream()
-
-    def _progress(self, key: StreamKey, state: _Stream, step: int, now: float) -> list[Anomaly]:
-        if step <= state.last_step:
-            return []
-        state.last_step, state.progress_at, state.phase, state.stack = step, now, "", []
-        return self.episodes.quiet(key, step + 1, now)
-
-    @staticmethod
-    def _phase(state: _Stream, kind: str, fields: dict[str, object], now: float) -> None:
-        """An announcement opens a phase (``state = "start"``, or an ``eval``/``checkpoint`` event with
-        no fields); ``state = "end"`` closes it. An ``eval`` event that reports results (a
-        validation loss) tells of an evaluation already over: no phase."""
-        mark = fields.get("state")
-        if mark == "end":
-            state.phase, state.progress_at = "", now  # the loop moved on: the bound starts again
-        elif mark == "start" or not fields:
-            state.phase, state.progress_at = str(fields.get("name") or kind), now
-
-    def limit(self, state: _Stream) -> tuple[float, str]:
+    def limit(self, life: Life) -> tuple[float, str]:
         """Seconds without progress that make a hang, and how that bound was reached."""
         s = self.settings
-        if state.phase:
-            return s.phase_max_s, f"the declared {state.phase} phase may last {s.phase_max_s:.0f}s (phase_max_s)"
-        p99 = state.p99()
+        if life.phase:
+            return s.phase_max_s, f"the declared {life.phase} phase may last {s.phase_max_s:.0f}s (phase_max_s)"
+        p99 = life.p99()
         if p99 is None or s.factor * p99 < s.min_seconds:
             pace = "" if p99 is None else f"; {s.factor:g} x its p99 step time {p99:.2g}s is less"
             return s.min_seconds, f"min_seconds {s.min_seconds:.0f}s{pace}"
         return s.factor * p99, f"{s.factor:g} x its p99 step time {p99:.2g}s"
 
-    def __call__(self, batch: IngestBatch) -> list[Anomaly]:
-        now = self._clock.advance(batch)
-        out: list[Anomaly] = []
-        for key, s in streams(batch).items():
-            state = self.state(key)
-            intervals = s.intervals(state.last_time)
-            state.intervals.push(intervals[np.isfinite(intervals) & (intervals >= 0)])
-            state.last_time = float(s.time[-1])
-            if not np.isfinite(state.progress_at):
-                state.progress_at = now
-            out.extend(self._progress(key, state, int(s.step[-1]), now))
-        for source, beat in batch.heartbeats:
-            key = (source.run_id, source.rank)
-            state = self.state(key)
-            state.heartbeat_at = now
-            if not np.isfinite(state.progress_at):
-                state.progress_at = now
-            if beat.last_step is not None:
-                out.extend(self._progress(key, state, int(beat.last_step), now))
-            if beat.stack:
-                state.stack = list(beat.stack)
-        for source, event in batch.events:
-            stream = self._streams.get((source.run_id, source.rank))
-            if (
-                stream is not None
-                and event.kind in PHASE_TAGS
-                and (event.step is None or event.step >= stream.last_step)
-            ):
-                self._phase(stream, event.kind, event.fields, now)
-        for source, end in batch.run_ends:
-            key = (source.run_id, source.rank)
-            self._streams.pop(key, None)
-            out.extend(self.episodes.quiet(key, 2**62, end.time))
-        if not self._sweeps.due(now):  # silence is judged to the second: not on every batch of a busy fleet
-            return out
-        for key, state in self._streams.items():
-            if state.last_step < 0 or now - state.heartbeat_at > self.settings.alive_s:
-                continue  # nothing to measure yet, or not alive: that is stall's
-            idle = now - state.progress_at
-            limit, why = self.limit(state)
-            if idle > limit:
-                finding = Finding(idle, state.p99(), limit, self._message(key, state, idle, limit, why, now))
-                out.extend(self.episodes.flag(key, state.last_step, PAGE, now, finding, step=state.last_step))
-        return out
+    def judge(self, key: StreamKey, life: Life, now: float, lives: Mapping[StreamKey, Life]) -> Finding | None:
+        if life.last_step < 0 or now - life.heartbeat_at > self.settings.alive_s:
+            return None  # nothing to measure yet, or not alive: that is stall's
+        idle = now - life.progress_at
+        limit, why = self.limit(life)
+        if not idle > limit:
+            return None
+        return Finding(idle, life.p99(), limit, self._message(key, life, idle, limit, why, now, lives))
 
-    def _message(self, key: StreamKey, state: _Stream, idle: float, limit: float, why: str, now: float) -> str:
+    def _message(
+        self,
+        key: StreamKey,
+        life: Life,
+        idle: float,
+        limit: float,
+        why: str,
+        now: float,
+        lives: Mapping[StreamKey, Life],
+    ) -> str:
         run, rank = key
         text = (
             f"rank {rank} has made no progress for {idle:.0f}s (limit {limit:.0f}s: {why}) at step "
-            f"{state.last_step} while its heartbeats still arrive: the training loop is blocked inside a live process"
+            f"{life.last_step} while its heartbeats still arrive: the training loop is blocked inside a live process"
         )
-        others = [(r, st) for (rn, r), st in self._streams.items() if rn == run and r != rank and st.last_step >= 0]
+        others = [(r, other) for (rn, r), other in lives.items() if rn == run and r != rank and other.last_step >= 0]
         if others:
-            stuck = [r for r, st in others if now - st.progress_at > self.limit(st)[0]]
-            steps = [st.last_step for _, st in others]
+            stuck = [r for r, other in others if now - other.progress_at > self.limit(other)[0]]
+            steps = [other.last_step for _, other in others]
             if len(stuck) == len(others):
                 text += (
                     f"; all {len(others) + 1} ranks are stuck (steps {min(steps)}-{max(steps)}): "
@@ -194,8 +113,18 @@ class Hang(StreamDetector[_Stream]):
                     f"; {len(others) - len(stuck)} of {len(others)} other ranks still progress (at steps "
                     f"{min(steps)}-{max(steps)}): this rank is the one stuck (its data loader, its host, its GPU)"
                 )
-        if state.stack:
-            text += "; stuck in " + " <- ".join(reversed(state.stack[-4:]))
+        if life.stack:
+            text += "; stuck in " + " <- ".join(reversed(life.stack[-4:]))
         else:
             text += "; see where with py-spy dump --pid PID"
         return text
+
+
+class Hang(LivenessDetector):
+    """Streams are the live ones: a clean ``run_end`` removes its stream at once."""
+
+    name: ClassVar[str] = "hang"
+    Settings: ClassVar[type[DetectorSettings]] = HangSettings
+
+    def stages(self) -> list[Stage]:
+        return [_Hung(self.settings, self.name)]
