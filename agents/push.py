@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from trainvigil.errors import VigilError
+from trainvigil.errors import EXIT_QUERY, EXIT_UNAVAILABLE, VigilError
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.inputs import InputRefusedError, open_input
 from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
@@ -50,6 +50,8 @@ SUFFIX = ".spill"
 class NoBrokerError(VigilError, ConnectionError):
     """No NATS broker answered at ``url``."""
 
+    exit_code = EXIT_UNAVAILABLE
+
     def __init__(self, message: str, *, url: str) -> None:
         super().__init__(message)
         self.url = url
@@ -57,6 +59,9 @@ class NoBrokerError(VigilError, ConnectionError):
 
 class PushIncompleteError(VigilError):
     """Some spill files were not delivered in full; they stay where they are for the next attempt."""
+
+    exit_code = EXIT_QUERY
+    cli_prefix = "push incomplete: "
 
     def __init__(self, message: str, *, failed: list[FileResult]) -> None:
         super().__init__(message)

@@ -32,7 +32,7 @@ import anyio
 import structlog
 from anyio.abc import ByteReceiveStream, Process, TaskStatus
 
-from trainvigil.errors import VigilError
+from trainvigil.errors import EXIT_UNAVAILABLE, VigilError
 from trainvigil.schemas import private
 from trainvigil.schemas.settings import retrying
 
@@ -49,6 +49,8 @@ failing to come up; one that came up and later died waits the first again."""
 class NatsServerNotFoundError(VigilError):
     """The nats-server binary is not installed."""
 
+    exit_code = EXIT_UNAVAILABLE
+
 
 class ServerExitedError(Exception):
     """The supervised nats-server exited; ``listened``: it had come up before."""
@@ -61,6 +63,8 @@ class ServerExitedError(Exception):
 
 class BrokerUnavailableError(VigilError):
     """No NATS broker to work with: none answered at ``url`` in time, or the bundled one did not start."""
+
+    exit_code = EXIT_UNAVAILABLE
 
     def __init__(self, message: str, *, url: str) -> None:
         super().__init__(message)

@@ -12,8 +12,7 @@ import argparse
 
 from trainvigil.agents import verify
 from trainvigil.daemon.cli._parser import commands
-
-EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED, EXIT_PARTIAL = 0, 1, 2, 3, 4, 5
+from trainvigil.errors import EXIT_OK, EXIT_PARTIAL, EXIT_QUERY, EXIT_TRUNCATED, EXIT_UNAVAILABLE, EXIT_USAGE
 
 MEANINGS: dict[int, tuple[str, str]] = {
     EXIT_OK: ("EXIT_OK", "success"),

@@ -1,4 +1,4 @@
-"""``vigil alerts``: list stored alert episodes, or follow updates live on NATS."""
+"""``vigil alerts --follow``: print alert updates live as the daemon publishes them on NATS."""
 
 from __future__ import annotations
 
@@ -9,20 +9,13 @@ import sys
 from typing import TextIO
 
 from trainvigil.daemon.alerts.format import as_json, as_result, summary
+from trainvigil.daemon.cli import _nats
 from trainvigil.daemon.formatting import render, terminal_safe
 from trainvigil.errors import ConfigError, DaemonUnavailableError, WireError
 from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Subjects, decode
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
 from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
 from trainvigil.schemas.natsurl import parse_nats_url
-
-_COLUMNS = "time, run_id, rank, step, detector, severity, state, value, threshold, message"
-
-
-def alerts_sql(run_id: str | None) -> str:
-    """The query behind ``vigil alerts``: one row per episode, oldest first."""
-    where = "" if run_id is None else "WHERE run_id = '{}' ".format(run_id.replace("'", "''"))
-    return f"SELECT {_COLUMNS} FROM anomalies {where}ORDER BY time, run_id, rank, detector"
 
 
 def format_update(anomaly: Anomaly, fmt: str) -> str:
@@ -40,6 +33,7 @@ async def _follow(url: str, run_id: str | None, fmt: str, out: TextIO, access: B
         print("vigil: lost the broker; reconnecting", file=sys.stderr, flush=True)
 
     parsed = parse_nats_url(url)
+    _nats.load_for(parsed)
     # Reconnect forever once connected (a broker restart must not end --follow), but give up
     # on the first connection after a few seconds: then nothing is there.
     policy = ConnectPolicy(connect_timeout=1, deadline=3, reconnect=True, disconnected_cb=disconnected)

@@ -1,4 +1,4 @@
-"""``vigil canary run`` and ``vigil canary list``: fault-injection canaries on demand, and their verdicts.
+"""``vigil canary run``: fault-injection canaries on demand, and their verdicts (``vigil canary list`` lists them).
 
 ``run`` asks the running daemon (``--nats``, else the configuration's broker) to run the canaries,
 so they go through the same broker, detectors, store and alerts as the real runs it watches, and
@@ -20,13 +20,12 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from trainvigil.daemon.cli._config import add_namespace, command_config
+from trainvigil.daemon.cli._config import command_config
 from trainvigil.daemon.cli._exits import EXIT_OK, EXIT_QUERY
-from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, WORKLOADS
+from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import did_you_mean
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
@@ -45,68 +44,10 @@ PROGRESS_S = 10.0
 SILENT_POLLS = 3
 """Progress checks in a row the daemon may miss before the run gives up on it (exit 3)."""
 
-LIST_COLUMNS = (
-    "time, name AS run_id, workload, fault, verdict, expected_detector, fired_detector, fault_step, fired_step, "
-    "latency_steps, round(latency_s, 2) AS latency_s, exit_code, round(duration_s, 1) AS duration_s, detail"
-)
 RESULT_COLUMNS = (
     "run_id", "workload", "fault", "verdict", "expected", "fired", "fault_step", "fired_step", "latency_steps",
     "latency_s", "duration_s",
 )  # fmt: skip
-
-
-def add_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], query_args: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """``vigil canary run|list``; ``query_args`` adds the reading commands' flags (``--format``, ``--nats``...)."""
-    canary = sub.add_parser(
-        "canary",
-        help="run fault-injection canaries now, or list past verdicts",
-        description="Fault-injection canaries: small real training jobs with one fault injected at a known step, "
-        "judged on whether the right detector caught it in time (see the docs' canaries guide).",
-    )
-    actions = canary.add_subparsers(dest="action", required=True, metavar="ACTION")
-    run = actions.add_parser(
-        "run",
-        help="run one canary (--fault) or every fault kind and a clean twin (--all), then print the verdicts",
-        description="Ask the running daemon to run canaries now and print their progress and verdicts; with no "
-        "daemon answering, run one in this process on --data-dir while they last. The fault kind is checked "
-        "before anything starts, and a canary the daemon started here would refuse (an unknown workload, a fault "
-        "the workload does not take) before it starts.",
-    )
-    what = run.add_mutually_exclusive_group(required=True)
-    what.add_argument("--fault", metavar="KIND", help=f"one of {', '.join(FAULT_KINDS)}, or {CLEAN}: a clean twin")
-    what.add_argument("--all", action="store_true", help="every fault kind once, plus a clean twin")
-    run.add_argument(
-        "--workload",
-        help=f"a workload ({', '.join(WORKLOADS)}) or a [[canary.jobs]] name; default: the first that takes the "
-        "fault (with --all: only this one's faults and its clean twin)",
-    )
-    run.add_argument("--steps", type=int, help="--steps for a built-in workload (default: its own)")
-    run.add_argument("--fault-step", type=int, help="the step the fault goes in at (default: the workload's)")
-    run.add_argument("--format", choices=["table", "json"], default="table", help="the verdicts at the end")
-    daemon_args(run, "the daemon's credentials file when the bus has auth (default DATA_DIR/bus/daemon.toml if there)")
-    listing = actions.add_parser(
-        "list",
-        help="past canaries and their verdicts, newest first",
-        description="Past canaries and their verdicts (canary_results), newest first.",
-    )
-    listing.add_argument("--last", type=int, default=20, help="how many (default 20)")
-    query_args(listing)
-
-
-def daemon_args(parser: argparse.ArgumentParser, creds: str) -> None:
-    """Where the daemon is: ``--data-dir``, ``--nats``, ``--config`` and ``--creds`` (a path, never the secret)."""
-    parser.add_argument("--data-dir", help="the daemon's data directory (default ./vigil-data)")
-    parser.add_argument("--nats", dest="nats_url", help="broker of the daemon (default VIGIL_NATS_URL or local)")
-    parser.add_argument("--config", help="the daemon's TOML configuration file (its nats_url, embedded_port, data_dir)")
-    parser.add_argument("--creds", dest="nats_creds", metavar="FILE", help=creds)
-    add_namespace(parser)
-
-
-def list_sql(last: int) -> str:
-    """The query behind ``vigil canary list``."""
-    return f"SELECT {LIST_COLUMNS} FROM canary_results ORDER BY time DESC LIMIT {max(1, int(last))}"
 
 
 def check_fault(fault: str | None) -> None:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, NamedTuple, Protocol
 
-from trainvigil.errors import ConfigError, QueryError, VigilError
+from trainvigil.errors import EXIT_QUERY, EXIT_USAGE, ConfigError, QueryError, VigilError
 from trainvigil.schemas.query import QueryResult
 from trainvigil.schemas.sqltypes import ColumnTypeError, render
 
@@ -30,9 +30,13 @@ _KEY_PREFIX = "__vigil_key"
 class UnknownRunError(VigilError, LookupError):
     """The run to export is not in the history."""
 
+    exit_code = EXIT_USAGE
+
 
 class ExportWriteError(VigilError, OSError):
     """The export could not be written; the output file (``-o``) is left as it was."""
+
+    exit_code = EXIT_QUERY
 
 
 class Table(NamedTuple):

@@ -26,23 +26,6 @@ Ask = Callable[[str], "QueryResult"]
 SEVERITY_COLOURS = {"page": "#d62728", "warn": "#f28e2b"}
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from trainvigil.daemon.cli.canary import daemon_args
-
-    plot = sub.add_parser(
-        "plot",
-        help="a PNG of a run: one panel per metric, every rank, alert episodes marked",
-        description="Draw a run's metrics to a PNG (one panel per metric, a line per rank, alert episodes as bands "
-        "coloured by severity, events as dashed lines). Asked of the running daemon, else read from the data "
-        "directory's file. Needs matplotlib: pip install 'trainvigil[plot]'.",
-    )
-    plot.add_argument("run_id", metavar="RUN_ID", help="the run to plot (see `vigil runs`)")
-    plot.add_argument("--metrics", help="comma-separated metrics (default: every metric the run logged)")
-    plot.add_argument("--ranks", help="comma-separated ranks (default: all)")
-    plot.add_argument("-o", "--output", help="the PNG to write (default: RUN_ID.png, made file-name safe)")
-    daemon_args(plot, "a reader's credentials file (VIGIL_NATS_CREDS; default DATA_DIR/bus/reader.toml if there)")
-
-
 def _records(result: QueryResult) -> list[dict[str, Any]]:
     return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 

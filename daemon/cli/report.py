@@ -159,22 +159,6 @@ def render(report: dict[str, Any], fmt: str) -> str:
     return "\n".join(sections)
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from trainvigil.daemon.cli.canary import daemon_args
-
-    report = sub.add_parser(
-        "report",
-        help="the health report: canaries, detection per fault kind, real runs, alert categories",
-        description="The health report over a window: canaries run/passed/failed/errored and the health rate; per "
-        "fault kind recall and median and worst latency; per detector the alert episodes on real runs by severity; "
-        "real runs total/healthy/degraded/ended with error; alert categories. Asked of the running daemon, else read "
-        "from the data directory's file.",
-    )
-    report.add_argument("--since", default="24h", help="the window, back from now: 30m, 24h, 7d (default 24h)")
-    report.add_argument("--format", choices=["table", "json"], default="table", help="how the report is printed")
-    daemon_args(report, "a reader's credentials file (VIGIL_NATS_CREDS; default DATA_DIR/bus/reader.toml if there)")
-
-
 def run(args: argparse.Namespace, cfg: DaemonConfig, url: str, access: BusAccess) -> int:
     """``vigil report``; the exit status."""
     from trainvigil.daemon.cli.sqlclient import QuerySource

@@ -1,4 +1,9 @@
-"""Ask a running daemon over NATS; with none answering, read the DuckDB file read-only."""
+"""Ask a running daemon over NATS; with none answering, read the DuckDB file read-only.
+
+What a query needs only on another path loads there: DuckDB and pyarrow when the file is read (or shards' answers
+are merged), the shard planner when no unsharded daemon answers. An answer from one daemon needs the broker client
+and msgspec, nothing more of this module's.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +13,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import duckdb
 import msgspec
-import nats
-import nats.errors
-from nats.aio.client import Client as NATS
 
 from trainvigil.daemon.broker.embedded import port_open
-from trainvigil.daemon.cli._shard_plan import plan as shard_plan
-from trainvigil.daemon.cli.shardsql import OPEN_BUS_WARNING, Gathered, merge, open_bus, roll_call, shard_ids
-from trainvigil.daemon.config import QUERY_ROW_LIMIT
-from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
+from trainvigil.daemon.cli import _nats
 from trainvigil.errors import ConfigError, DaemonUnavailableError, QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess, refusal
 from trainvigil.schemas.natsconnect import BusConnectError, ConnectPolicy, connect
@@ -28,9 +27,14 @@ from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.query import QueryRequest, QueryResult, join_results, validate
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import retrying
-from trainvigil.schemas.shards import ShardId
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 from trainvigil.schemas.terminal import terminal_safe
+
+if TYPE_CHECKING:
+    import duckdb
+    from nats.aio.client import Client as NATS
+
+    from trainvigil.schemas.shards import ShardId
 
 _decoder = msgspec.msgpack.Decoder(QueryResult)
 BUSY_PATIENCE_S = 30.0
@@ -73,6 +77,7 @@ async def _connect(url: str, access: BusAccess) -> _Connection | None:
     parsed = parse_nats_url(url)
     if not await asyncio.to_thread(_any_listens, parsed.servers):
         return None  # refused at once: nats-py would retry a refused first connect until the 3 s bound
+    _nats.load_for(parsed)
     conn = _Connection()
     try:
         conn.nc = await connect(parsed, access, ConnectPolicy(connect_timeout=1, deadline=3, error_cb=conn.keep))
@@ -91,6 +96,8 @@ async def _ask(
     Raises:
         QueryRefusedError: the broker does not let these credentials send queries (an agent's, say).
     """
+    import nats.errors
+
     nc = conn.nc
     assert nc is not None
     parts: list[QueryResult] = []
@@ -122,11 +129,11 @@ async def data_dir_note(
     """One line when the unsharded daemon of ``subjects``' namespace that answers on ``conn`` serves another data
     dir than ``data_dir`` and ``data_dir`` holds a history of its own (the one the user may have meant); else
     ``""``."""
-    from trainvigil.daemon.broker.holders import unsharded_holder
-
     asked = Path(data_dir).resolve()
     if conn.nc is None or not (asked / "vigil.duckdb").exists():
         return ""
+    from trainvigil.daemon.broker.holders import unsharded_holder
+
     holder = await unsharded_holder(conn.nc, subjects=subjects)
     if holder is None or (holder.data_dir == str(asked) and holder.host == socket.gethostname()):
         return ""
@@ -255,6 +262,8 @@ class QuerySource:
                 if result.error:
                     raise (QueryBusyError if result.busy else QueryError)(result.error)
                 return result
+        from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, open_read_only, run_query
+
         if self._con is None:
             if not self.path.exists():
                 raise DaemonUnavailableError(
@@ -300,6 +309,10 @@ class QuerySource:
 
         Sets :attr:`missing` and :attr:`warning` when a shard is down or does not answer in time.
         """
+        from trainvigil.daemon.cli._shard_plan import plan as shard_plan
+        from trainvigil.daemon.cli.shardsql import OPEN_BUS_WARNING, Gathered, merge, open_bus, roll_call, shard_ids
+        from trainvigil.daemon.config import QUERY_ROW_LIMIT
+
         nc = conn.nc
         assert nc is not None
         called = await roll_call(nc, subjects=self.subjects)

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+EXIT_OK, EXIT_QUERY, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TRUNCATED, EXIT_PARTIAL = 0, 1, 2, 3, 4, 5
+"""The exit codes of ``vigil``, the same for every command; what each means: ``daemon/cli/_exits.py``. Here, at
+the bottom of the package, so the error classes of every side (the agent's ``vigil push`` included) carry theirs."""
+
 
 class VigilError(Exception):
-    """Root of every error trainvigil raises on purpose."""
+    """Root of every error trainvigil raises on purpose.
+
+    A class meant to end a ``vigil`` command sets ``exit_code`` (the command exits with it after one line on
+    stderr, ``vigil: `` then ``cli_prefix`` then the message); ``None``: not a command's failure, shown as a bug.
+    """
+
+    exit_code: ClassVar[int | None] = None
+    cli_prefix: ClassVar[str] = ""
 
 
 class ConfigError(VigilError, ValueError):
     """A configuration value is missing or invalid; the message names the key."""
+
+    exit_code = EXIT_USAGE
+    cli_prefix = "configuration error: "
 
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
@@ -39,9 +55,15 @@ class SchemaVersionError(WireError):
 class QueryRefusedError(VigilError):
     """A SQL query was refused: only read-only queries without file or network access run."""
 
+    exit_code = EXIT_QUERY
+    cli_prefix = "refused: "
+
 
 class QueryError(VigilError):
     """A read-only SQL query failed while running (bad SQL, timeout, no such table)."""
+
+    exit_code = EXIT_QUERY
+    cli_prefix = "query failed: "
 
 
 class QueryBusyError(QueryError):
@@ -69,6 +91,8 @@ class StoreUnavailableError(VigilError):
 class DaemonUnavailableError(VigilError):
     """No running daemon answered and no data directory could be opened instead."""
 
+    exit_code = EXIT_UNAVAILABLE
+
 
 class CheckpointIntegrityError(VigilError):
     """A checkpoint's content does not match the digests in its manifest.
@@ -93,3 +117,6 @@ class ManifestMissingError(VigilError, FileNotFoundError):
 
 class ReplayError(VigilError, ValueError):
     """A recording cannot be replayed (missing file, unknown format, bad columns); the message says why."""
+
+    exit_code = EXIT_USAGE
+    cli_prefix = "cannot replay: "

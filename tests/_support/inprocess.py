@@ -116,13 +116,13 @@ class InProcessDaemon(SqlOverNats):
         """
         from trainvigil.daemon import config as config_mod
         from trainvigil.daemon.app import serve
-        from trainvigil.daemon.cli.main import _check_data_dir
+        from trainvigil.daemon.cli.cmd_up import check_data_dir
 
         assert self._portal is None, "this daemon runs already"
         env = {**os.environ, "VIGIL_QUERY_ROW_LIMIT": "100000", **self.env}
         settings = {"nats_url": self.nats_url, "data_dir": str(self.data_dir), **self.overrides}
         config = config_mod.load(None, settings, env=env)
-        _check_data_dir(config.data_dir)
+        check_data_dir(config.data_dir)
         self.config = config
         self.subjects = config.subjects  # where sql() asks: the namespace the daemon serves
         self._ready, self._reported = Future(), False
@@ -149,7 +149,7 @@ class InProcessDaemon(SqlOverNats):
             TimeoutError: not ready in ``timeout`` seconds (the daemon is stopped).
             Exception: what else ``serve`` raised.
         """
-        from trainvigil.daemon.cli.main import _startup_error
+        from trainvigil.daemon.cli.cmd_up import startup_error
 
         assert self._serving is not None and self.config is not None, "launch() first"
         either: list[Future[Any]] = [self._ready, self._serving]
@@ -165,7 +165,7 @@ class InProcessDaemon(SqlOverNats):
         self._reported = True
         if failure is None:
             raise RuntimeError(f"the in-process daemon on {self.data_dir} stopped before it was ready")
-        explained = _startup_error(failure, self.config)
+        explained = startup_error(failure, self.config)
         if explained is not None:
             raise explained from failure
         raise failure

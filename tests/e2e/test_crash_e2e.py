@@ -13,7 +13,7 @@ from pathlib import Path
 
 from support import Daemon, NatsServer, wait_for
 
-from trainvigil.daemon.cli.main import RUNS_SQL
+from trainvigil.daemon.cli.cmd_runs import RUNS_SQL
 
 SCRIPT = """
 import sys, threading, trainvigil

@@ -15,7 +15,7 @@ import nats
 import pytest
 from support import Daemon, NatsServer, finish, run_producer, wait_for
 
-from trainvigil.daemon.cli.main import RUNS_SQL
+from trainvigil.daemon.cli.cmd_runs import RUNS_SQL
 
 pytestmark = pytest.mark.slow
 MAX_BYTES = 3 * 2**20

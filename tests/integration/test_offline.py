@@ -645,7 +645,7 @@ def test_vigil_push_says_how_far_a_big_file_got_while_it_goes(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    cli = importlib.import_module("trainvigil.daemon.cli.main")  # the package's `main` is the function
+    cli = importlib.import_module("trainvigil.daemon.cli.cmd_push")
     monkeypatch.setattr(cli, "PUSH_PROGRESS_S", 0.0)  # a line after every round, not every 5 s
     path = spill / "big-r0-p1-n.spill"
     _event_file(path, "big", broker_key(nats_server.url), 1_000)

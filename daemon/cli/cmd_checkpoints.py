@@ -10,7 +10,8 @@ manifest has another digest by definition, so it is matched to the last save of 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+
+from trainvigil.daemon.cli._answer import add_query_flags, answer
 
 _SAVES_OF = "SELECT s.run_id || ' step ' || coalesce(s.step::VARCHAR, '?') FROM checkpoints s WHERE s.origin = 'save'"
 
@@ -63,10 +64,7 @@ def writer_sql(root: str) -> str:
     return WRITER_SQL.format(root=quoted(root))
 
 
-def add_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], query_args: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """``vigil checkpoints [RUN]``; ``query_args`` adds the reading commands' flags (``--format``, ``--nats``...)."""
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     checkpoints = sub.add_parser(
         "checkpoints",
         help="every checkpoint saved or loaded, its verification and lineage",
@@ -76,4 +74,9 @@ def add_parser(
         "digest; the runs that resumed from a save).",
     )
     checkpoints.add_argument("run", nargs="?", help="only this run's checkpoints")
-    query_args(checkpoints)
+    add_query_flags(checkpoints)
+    checkpoints.set_defaults(command_run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return answer(args, registry_sql(args.run))

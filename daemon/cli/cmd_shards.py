@@ -11,6 +11,7 @@ import argparse
 import json
 
 from trainvigil.daemon.cli._config import add_namespace, namespace_subjects
+from trainvigil.daemon.cli._exits import EXIT_OK
 from trainvigil.schemas.shards import MAX_SHARDS, partition_mappings, shard_of
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     which = action.add_parser("which", help="print the shard (I/N) the broker routes a run's records to")
     which.add_argument("run_id", help="the run id")
     which.add_argument("count", type=shard_count, metavar="N", help="the number of daemon shards")
+    shards.set_defaults(command_run=run)
 
 
 def mappings_block(count: int, subjects: Subjects = DEFAULT_SUBJECTS) -> str:
@@ -51,4 +53,4 @@ def run(args: argparse.Namespace) -> int:
         print(mappings_block(args.count, namespace_subjects(args)), end="")
     else:
         print(f"{shard_of(args.run_id, args.count)}/{args.count}")
-    return 0
+    return EXIT_OK
