@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import msgspec
-import stamina
 
 ENV_PREFIX = "VIGIL_"
 
@@ -160,8 +159,12 @@ def retrying(
     (``None``: until it succeeds, the caller is cancelled or ``timeout`` seconds passed, after
     which the last error is raised; without ``timeout`` the caller's own deadline ends it).
     ``on``: the exceptions to retry, or stamina's predicate. ``stamina.set_testing(True)`` turns
-    the backoff off in tests.
+    the backoff off in tests. The daemon's side: stamina comes with the ``daemon`` extra.
     """
+    # Imported here, not with the module: the agent imports this module (for quiet_backoff) and its install
+    # has no stamina (nor tenacity under it).
+    import stamina
+
     return stamina.retry_context(
         on=on,
         attempts=attempts,

@@ -7,18 +7,34 @@ Two lines in a training script::
     vigil.log(step, loss=loss, lr=lr)    # never blocks, never raises
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from trainvigil._version import __version__
-from trainvigil.agents import Agent, init
 from trainvigil.errors import VigilError
+
+if TYPE_CHECKING:
+    from trainvigil.agents import Agent, init
 
 __all__ = ["Agent", "VigilError", "__version__", "init"]
 
+# The agent's names load on first use: every ``trainvigil.*`` import runs this file first, and the daemon's
+# processes (``vigil up``, the CLI) must not pay for the agent's worker and transport they never run.
+_LAZY_NAMES = {"Agent": "trainvigil.agents", "init": "trainvigil.agents"}
+# Subpackages a script reaches as attributes (``trainvigil.torch.watch(...)``), imported on first use too:
+# torch (or jax, or a framework) stays unimported for scripts that never touch it.
+_LAZY_MODULES = frozenset({"agents", "schemas", "torch", "checkpoint", "jax", "integrations", "wandb", "tensorboard"})
+
 
 def __getattr__(name: str) -> object:
-    # ``trainvigil.torch``, ``.checkpoint``, ``.jax``, ``.integrations`` and the W&B / TensorBoard shims load
-    # on first use: torch (or jax, or a framework) stays unimported for scripts that never touch it.
-    if name in ("torch", "checkpoint", "jax", "integrations", "wandb", "tensorboard"):
-        import importlib
-
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+        globals()[name] = value  # looked up once: later reads are plain attribute reads
+        return value
+    if name in _LAZY_MODULES:
         return importlib.import_module(f"trainvigil.{name}")
     raise AttributeError(f"module 'trainvigil' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
