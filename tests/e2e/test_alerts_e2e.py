@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import duckdb
 import msgspec
 import nats
 import pytest
+from follower import Follower
 from nats.aio.msg import Msg
 from support import HERE, Daemon, NatsServer, finish, vigil, wait_for
 from webhook_server import HANG, hook_server
@@ -149,56 +147,29 @@ def test_a_hung_webhook_never_stalls_ingest(
     assert "alert_webhook_dropped" in daemon.log.read_text()
 
 
-def _lines(stream: object, into: queue.Queue[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        into.put(line)
-
-
 def test_vigil_alerts_follow_prints_each_update_of_its_run_until_ctrl_c(nats_server: NatsServer) -> None:
-    command = ["alerts", "--follow", "--run", "mine", "--format", "json", "--nats", nats_server.url]
-    out: queue.Queue[str] = queue.Queue()
-    err: queue.Queue[str] = queue.Queue()
-    with subprocess.Popen(
-        [sys.executable, "-m", "trainvigil.daemon.cli", *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as follower:
-        readers = [
-            threading.Thread(target=_lines, args=(follower.stdout, out), daemon=True),
-            threading.Thread(target=_lines, args=(follower.stderr, err), daemon=True),
+    with Follower("--run", "mine", "--format", "json", "--nats", nats_server.url) as follower:
+        assert "following vigil.v1.alerts.mine" in follower.following(timeout=30)
+
+        async def publish() -> None:
+            nc = await nats.connect(nats_server.url)
+            for run_id, state in [("other", "open"), ("mine", "open"), ("mine", "cleared")]:
+                alert = Anomaly(
+                    time=1.0, run_id=run_id, rank=1, step=7, detector="grad_spike", severity="warn", state=state
+                )
+                envelope = Envelope(source=Source(run_id=run_id), records=[alert])
+                await nc.publish(DEFAULT_SUBJECTS.alert(run_id), encode(envelope))
+            await nc.flush()
+            await nc.close()
+
+        asyncio.run(publish())
+        got = [follower.next_alert(timeout=30) for _ in range(2)]
+        assert [(g["run_id"], g["state"], g["detector"], g["step"]) for g in got] == [
+            ("mine", "open", "grad_spike", 7),
+            ("mine", "cleared", "grad_spike", 7),
         ]
-        for reader in readers:
-            reader.start()
-        try:
-            assert "following vigil.v1.alerts.mine" in err.get(timeout=30)
-
-            async def publish() -> None:
-                nc = await nats.connect(nats_server.url)
-                for run_id, state in [("other", "open"), ("mine", "open"), ("mine", "cleared")]:
-                    alert = Anomaly(
-                        time=1.0, run_id=run_id, rank=1, step=7, detector="grad_spike", severity="warn", state=state
-                    )
-                    envelope = Envelope(source=Source(run_id=run_id), records=[alert])
-                    await nc.publish(DEFAULT_SUBJECTS.alert(run_id), encode(envelope))
-                await nc.flush()
-                await nc.close()
-
-            asyncio.run(publish())
-            got = [msgspec.json.decode(out.get(timeout=30)) for _ in range(2)]
-            assert [(g["run_id"], g["state"], g["detector"], g["step"]) for g in got] == [
-                ("mine", "open", "grad_spike", 7),
-                ("mine", "cleared", "grad_spike", 7),
-            ]
-            follower.send_signal(signal.SIGINT)
-            assert follower.wait(30) == 0
-        finally:
-            if follower.poll() is None:
-                follower.kill()
-            follower.wait(10)
-            for reader in readers:
-                reader.join(10)
-    assert out.empty(), "the other run's alert was not printed"
+        assert follower.stop() == 0
+    assert follower.out.empty(), "the other run's alert was not printed"
 
 
 def test_vigil_alerts_follow_without_a_broker_says_what_to_do() -> None:

@@ -5,24 +5,18 @@ namespace is still refused, and a bad namespace stops ``vigil up`` and ``trainvi
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
 
 import msgspec
 import nats
 import nats.errors
 import pytest
+from follower import Follower
 from support import Daemon, NatsServer, finish, run_producer, vigil, wait_for
 
 import trainvigil
@@ -172,51 +166,14 @@ def test_a_second_daemon_of_the_same_namespace_is_still_refused(bus: Bus) -> Non
     assert bus.alpha.process is not None and bus.alpha.process.poll() is None, "the first one keeps running"
 
 
-def _lines(stream: IO[str], into: queue.Queue[str]) -> None:
-    for line in stream:
-        into.put(line)
+def _follower(url: str, *flags: str) -> Follower:
+    """``vigil alerts --follow --format json`` of the namespace its flags name (none: the default one)."""
+    env = {k: v for k, v in os.environ.items() if k != "VIGIL_NAMESPACE"}
+    return Follower("--format", "json", "--nats", url, *flags, env=env)
 
 
-class _Follower:
-    """``vigil alerts --follow --format json`` as a process, its lines collected by threads."""
-
-    def __init__(self, url: str, *flags: str) -> None:
-        command = [sys.executable, "-m", "trainvigil.daemon.cli", "alerts", "--follow", "--format", "json", "--nats"]
-        env = {k: v for k, v in os.environ.items() if k != "VIGIL_NAMESPACE"}
-        self.proc = subprocess.Popen([*command, url, *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)  # fmt: skip
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.out: queue.Queue[str] = queue.Queue()
-        self.err: queue.Queue[str] = queue.Queue()
-        self.alerts: list[dict[str, Any]] = []
-        self.readers = [threading.Thread(target=_lines, args=(self.proc.stdout, self.out), daemon=True),
-                        threading.Thread(target=_lines, args=(self.proc.stderr, self.err), daemon=True)]  # fmt: skip
-        for reader in self.readers:
-            reader.start()
-
-    def following(self) -> str:
-        return self.err.get(timeout=60)
-
-    def saw(self, run_id: str) -> bool:
-        while not self.out.empty():
-            self.alerts.append(json.loads(self.out.get()))
-        return any(a["run_id"] == run_id and a["detector"] == "non_finite" for a in self.alerts)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
-            for reader in self.readers:
-                reader.join(10)
-            for pipe in (self.proc.stdout, self.proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-        self.saw("")  # what came last
+def _saw(follower: Follower, run_id: str) -> bool:
+    return any(a["run_id"] == run_id and a["detector"] == "non_finite" for a in follower.seen())
 
 
 def _nan_run(url: str, run_id: str, namespace: str, spill: Path) -> None:
@@ -228,21 +185,21 @@ def _nan_run(url: str, run_id: str, namespace: str, spill: Path) -> None:
 
 
 def test_alerts_follow_of_one_namespace_never_prints_the_others_alert(bus: Bus, tmp_path: Path) -> None:
-    followers = {ALPHA: _Follower(bus.server.url, "--namespace", ALPHA), "": _Follower(bus.server.url)}
+    followers = {ALPHA: _follower(bus.server.url, "--namespace", ALPHA), "": _follower(bus.server.url)}
     try:
         assert "following alpha.vigil.v1.alerts.>" in followers[ALPHA].following()
         assert "following vigil.v1.alerts.>" in followers[""].following()
         _nan_run(bus.server.url, "nan-alpha", ALPHA, tmp_path)
         _nan_run(bus.server.url, "nan-default", "", tmp_path)
-        wait_for(lambda: followers[ALPHA].saw("nan-alpha") and followers[""].saw("nan-default"), 60, "both pages")
+        wait_for(lambda: _saw(followers[ALPHA], "nan-alpha") and _saw(followers[""], "nan-default"), 60, "both pages")
         stored = "select count(*) from anomalies where detector = 'non_finite' and run_id = '{}'"
         assert bus.alpha.scalar(stored.format("nan-alpha")) == 1 and bus.alpha.scalar(stored.format("nan-default")) == 0
         assert bus.default.scalar(stored.format("nan-default")) == 1
     finally:
         for follower in followers.values():
             follower.stop()
-    assert {a["run_id"] for a in followers[ALPHA].alerts} == {"nan-alpha"}, followers[ALPHA].alerts
-    assert {a["run_id"] for a in followers[""].alerts} == {"nan-default"}, followers[""].alerts
+    assert {a["run_id"] for a in followers[ALPHA].seen()} == {"nan-alpha"}, followers[ALPHA].alerts
+    assert {a["run_id"] for a in followers[""].seen()} == {"nan-default"}, followers[""].alerts
 
 
 def test_vigil_push_delivers_a_spill_file_to_its_own_namespace_only(bus: Bus, tmp_path: Path) -> None:

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
-from typing import IO
 
-import msgspec
 import nats
 import pytest
+from follower import Follower
 from support import AuthBroker, Daemon, NatsServer, finish, run_producer, vigil, wait_for
 
 from trainvigil.daemon.broker.embedded import free_port
@@ -126,49 +120,26 @@ def test_vigil_up_and_vigil_sql_take_host_port_without_a_scheme(nats_server: Nat
             daemon.kill()
 
 
-def _lines(stream: IO[str], into: queue.Queue[str]) -> None:
-    for line in stream:
-        into.put(line)
-
-
 def test_vigil_alerts_follow_fails_over_along_a_comma_separated_list(private_nats_server: NatsServer) -> None:
     """The first server of the list is down: the follow reaches the second and prints what is published there."""
     url = f"nats://127.0.0.1:{free_port()},nats://127.0.0.1:{private_nats_server.port}"
-    command = [sys.executable, "-m", "trainvigil.daemon.cli", "alerts", "--follow", "--format", "json", "--nats", url]
-    out: queue.Queue[str] = queue.Queue()
-    err: queue.Queue[str] = queue.Queue()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
-        assert follower.stdout is not None and follower.stderr is not None
-        readers = [
-            threading.Thread(target=_lines, args=(follower.stdout, out), daemon=True),
-            threading.Thread(target=_lines, args=(follower.stderr, err), daemon=True),
-        ]
-        for reader in readers:
-            reader.start()
-        try:
-            said = err.get(timeout=30)
-            assert "following vigil.v1.alerts.>" in said, said
+    with Follower("--format", "json", "--nats", url) as follower:
+        said = follower.following(timeout=30)
+        assert "following vigil.v1.alerts.>" in said, said
 
-            async def publish() -> None:
-                nc = await nats.connect(private_nats_server.url)
-                alert = Anomaly(time=1.0, run_id="far", rank=0, step=3, detector="nan", severity="page", state="open")
-                await nc.publish(
-                    DEFAULT_SUBJECTS.alert("far"), encode(Envelope(source=Source(run_id="far"), records=[alert]))
-                )
-                await nc.flush()
-                await nc.close()
+        async def publish() -> None:
+            nc = await nats.connect(private_nats_server.url)
+            alert = Anomaly(time=1.0, run_id="far", rank=0, step=3, detector="nan", severity="page", state="open")
+            await nc.publish(
+                DEFAULT_SUBJECTS.alert("far"), encode(Envelope(source=Source(run_id="far"), records=[alert]))
+            )
+            await nc.flush()
+            await nc.close()
 
-            asyncio.run(publish())
-            got = msgspec.json.decode(out.get(timeout=30))
-            assert (got["run_id"], got["detector"], got["step"]) == ("far", "nan", 3)
-            follower.send_signal(signal.SIGINT)
-            assert follower.wait(30) == 0
-        finally:
-            if follower.poll() is None:
-                follower.kill()
-            follower.wait(10)
-            for reader in readers:
-                reader.join(10)
+        asyncio.run(publish())
+        got = follower.next_alert(timeout=30)
+        assert (got["run_id"], got["detector"], got["step"]) == ("far", "nan", 3)
+        assert follower.stop() == 0
 
 
 def test_vigil_alerts_follow_says_at_once_that_the_broker_refused_its_credentials(tmp_path: Path) -> None:
