@@ -166,6 +166,8 @@ class RewardHack(StreamDetector[_Stream]):
     name: ClassVar[str] = "reward_hack"
     Settings: ClassVar[type[DetectorSettings]] = RewardHackSettings
     coalesce: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = (*(n for n in _NAMES if n != "eval"), *EVAL_METRICS)
+    """The metrics it reads (``eval`` is the series its held-out returns feed), for the web view's table."""
 
     def __init__(self, settings: RewardHackSettings) -> None:
         super().__init__(settings)

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse as _StarletteJSON
 from starlette.responses import Response
 
-from trainvigil.daemon.web import sql
+from trainvigil.daemon.web import inputs, sql
 from trainvigil.daemon.web.budget import charge, off_the_clock
 from trainvigil.daemon.web.cache import SharedAnswers
 from trainvigil.schemas import KNOWN_METRICS
@@ -89,9 +89,25 @@ def _run_info(run_id: str) -> Callable[[QueryResult], Encoded]:
             return Encoded(404, msgspec.json.encode({"error": f"no run {run_id!r}"}))
         info = _records(result)[0]
         info["metrics"] = [m for m in KNOWN_METRICS if info.pop(m)] + list(info.pop("custom") or [])
+        info["feeds"] = inputs.feeds(info["metrics"], _names(info.pop("compat_names")))
+        info["unfed"] = inputs.unfed(info["metrics"])
         return Encoded(200, msgspec.json.encode(info))
 
     return shape
+
+
+_NAMES = msgspec.json.Decoder(dict[str, str])
+
+
+def _names(text: str | None) -> dict[str, str]:
+    """A run's ``names=`` mapping as its ``compat_names`` event carried it; none when it is missing or malformed
+    (the built-in mapping still applies)."""
+    if not text:
+        return {}
+    try:
+        return _NAMES.decode(text)
+    except msgspec.DecodeError:
+        return {}
 
 
 def _series(metric: str, compare: bool = False) -> Callable[[QueryResult], Encoded]:

@@ -24,6 +24,12 @@ _EVENTS_PAGER = """<div id="events-pager" class="pager" hidden><button id="event
 <button id="events-older">older &rsaquo;</button>
 <button id="events-oldest">oldest &raquo;</button></div>"""
 """The Run page's events table goes a page at a time, newest first: a long run logs thousands."""
+_FEEDS = """<h2>Detector inputs</h2><p class="muted">Which detector each logged name feeds (a silent detector
+may have no input). Map your own names with <span class="mono">names={"my/loss": "loss"}</span> in
+<span class="mono">wandb.init</span> or <span class="mono">SummaryWriter</span>.</p>
+<table id="feeds" class="grid"><thead><tr><th>logged name</th><th>detector input</th><th>read by</th></tr></thead>
+<tbody></tbody></table><p id="unfed" class="muted"></p>"""
+"""The Run page's "logged name → detector input" table (:mod:`.inputs`), filled by ``vigil.js``."""
 _NAV = (("runs", "/", "Runs"), ("compare", "/compare", "Compare"), ("alerts", "/alerts", "Alerts"))
 
 
@@ -65,6 +71,7 @@ async def run_page(request: Request) -> HTMLResponse:
 <div class="controls"><input id="metric-filter" type="search" placeholder="filter metrics by name">
 <span id="metric-count" class="muted"></span></div>
 {_EVENT_LANE}<div id="charts" class="charts"></div>
+{_FEEDS}
 <h2>Alerts</h2><table id="anomalies" class="grid"><thead><tr><th>time</th><th>rank</th><th>step</th>
 <th>detector</th><th>severity</th><th>state</th><th>message</th></tr></thead><tbody></tbody></table>
 <h2>Events</h2>{_EVENTS_PAGER}<table id="events" class="grid"><thead><tr><th>step</th><th>rank</th><th>kind</th>

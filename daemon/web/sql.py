@@ -61,14 +61,17 @@ ORDER BY r.last_seen DESC NULLS LAST, r.run_id"""
 
 
 def run_info(run_id: str) -> str:
-    """One run's row, its step range, ranks, and which metrics it logged (known ones with values, custom names)."""
+    """One run's row, its step range, ranks, which metrics it logged (known ones with values, custom names), and
+    the drop-ins' ``names=`` mapping it announced (``compat_names``: JSON text, or NULL)."""
     counts = ", ".join(f"count({m}) AS {m}" for m in KNOWN_METRICS)
     run = literal(run_id)
     return f"""
 SELECT r.status, r.world_size, epoch(r.first_seen) AS first_seen, epoch(r.last_seen) AS last_seen,
     s.first_step, s.last_step, s.ranks, {", ".join(f"s.{m}" for m in KNOWN_METRICS)},
     (SELECT list(DISTINCT k ORDER BY k) FROM (SELECT unnest(map_keys(extra)) AS k FROM steps WHERE run_id = {run}))
-        AS custom
+        AS custom,
+    (SELECT fields->>'$.names' FROM events WHERE run_id = {run} AND kind = 'compat_names' ORDER BY time DESC LIMIT 1)
+        AS compat_names
 FROM runs r, (
     SELECT min(step) AS first_step, max(step) AS last_step, list(DISTINCT rank ORDER BY rank) AS ranks, {counts}
     FROM steps WHERE run_id = {run}

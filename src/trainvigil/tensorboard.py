@@ -3,7 +3,7 @@
 
 ``add_scalar(tag, value, global_step)`` logs the value at ``global_step`` under ``tag`` and, for the common
 tags (``Loss/train``, ``train/loss``, ``charts/learning_rate``, ...), under the name the detectors read too
-(:data:`trainvigil.agents._names.DETECTOR_NAMES`). Several calls for one step merge into one row. Without
+(:data:`trainvigil.schemas.names.DETECTOR_NAMES`). Several calls for one step merge into one row. Without
 ``global_step`` a value lands on the last step logged (0 before any). ``add_scalars`` logs ``main_tag/key``
 names, ``add_hparams`` and ``add_text`` send events. The other calls (histograms, images, graphs, figures,
 embeddings, ...) are accepted and dropped, counted by call in ``writer.dropped`` with one warning each, or,
@@ -67,6 +67,8 @@ class SummaryWriter:
         self._owned = running is None or (run_id is not None and run_id != running.run_id)
         self.agent: Agent = _start_agent(run_id, config=config, **dict(vigil or {})) if self._owned else running  # type: ignore[assignment]
         self._rows = Rows("trainvigil.tensorboard", names)
+        if names:  # the web view's table of which detector each logged name feeds reads them from this event
+            self.agent.event("compat_names", shim="tensorboard", names=dict(names))
         self._step = 0
         self._closed = False
         self.log_dir = log_dir
@@ -91,6 +93,9 @@ class SummaryWriter:
         return self._step
 
     def _at(self, global_step: Any) -> int:
+        if type(global_step) is int:  # the common case, on the training thread: the agent's thread checks its range
+            self._step = global_step
+            return global_step
         if global_step is not None:
             step = as_step(global_step)
             if step is None:  # a 0-d tensor or a float step: TensorBoard takes those too

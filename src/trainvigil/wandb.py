@@ -2,7 +2,7 @@
 
 ``wandb.init(project=..., config=...)`` starts a trainvigil agent (``id=`` is its run id, else ``VIGIL_RUN_ID``,
 else generated); ``wandb.log({...})`` logs each number under its own name and, for the common names
-(``train/loss``, ``lr``, ``charts/episodic_return``, ...: :data:`trainvigil.agents._names.DETECTOR_NAMES`),
+(``train/loss``, ``lr``, ``charts/episodic_return``, ...: :data:`trainvigil.schemas.names.DETECTOR_NAMES`),
 under the name the detectors read as well. Steps are W&B's: an implicit counter that each committing ``log()``
 advances (``commit`` defaults to ``True`` without ``step=``, ``False`` with it), ``step=`` to set it (a step
 below the current one is dropped, as W&B drops it), several calls for one step merged into one row.
@@ -325,6 +325,8 @@ def init(
     if (mode or os.environ.get("WANDB_MODE")) == "disabled":
         options["enabled"] = False
     agent = _start_agent(id, config=values, **options)
+    if names:  # the web view's table of which detector each logged name feeds reads them from this event
+        agent.event("compat_names", shim="wandb", names=dict(names))
     started = Run(agent, name, given, Rows("trainvigil.wandb", names), project)
     _set_current(started)
     return started

@@ -529,6 +529,23 @@
     return { set(list) { rows = list; show(); } };
   }
 
+  // "logged name → detector input" (/api/run's feeds): the names that feed a detector, a row each; those
+  // that feed none and the detectors that got no input, in a line under it (a silent detector says why).
+  const MAX_UNFED_NAMES = 30;
+  function showFeeds(info) {
+    const rows = info.feeds || [], fed = rows.filter((f) => f.input !== null), none = rows.filter((f) => f.input === null);
+    fill(document.querySelector("#feeds tbody"), fed, (f) => [td(f.name, "mono"),
+      td(f.negated ? f.input + " (negated)" : f.input, "mono"), td(f.detectors.join(", "))]);
+    const lines = [];
+    if (none.length) {
+      const some = none.slice(0, MAX_UNFED_NAMES).map((f) => f.name).join(", ");
+      lines.push("feed no detector: " + some + (none.length > MAX_UNFED_NAMES ? ` … (${none.length} in all)` : ""));
+    }
+    const silent = info.unfed || [];
+    if (silent.length) lines.push("no input logged for: " + silent.map((u) => `${u.detector} (${u.reads.join(", ")})`).join("; "));
+    document.getElementById("unfed").textContent = lines.join(" · ");
+  }
+
   async function runPage() {
     const runId = params.get("id") || "";
     const charts = document.getElementById("charts");
@@ -595,6 +612,7 @@
     };
     runSteps(info);
     show();
+    showFeeds(info);
     filter.addEventListener("input", show);
     logBox.addEventListener("change", () => all.forEach((c) => c.draw()));
     smooth.addEventListener("input", () => { document.getElementById("smooth-value").textContent = smooth.value; all.forEach((c) => c.draw()); });
@@ -624,7 +642,7 @@
         infoAt = performance.now();
         const fresh = await getJSON("/api/run?id=" + encodeURIComponent(runId));
         addRanks(fresh.ranks);
-        if (fresh.metrics.length !== metrics.length) { metrics = fresh.metrics; show(); }
+        if (fresh.metrics.length !== metrics.length) { metrics = fresh.metrics; show(); showFeeds(fresh); }
         status.textContent = fresh.status; status.className = "badge " + fresh.status;
         started = fresh.first_seen;
         runSteps(fresh);
