@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Daemon, NatsServer, wait_for
+from support import Daemon, serving, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrations"
 """The documented example scripts, run here with the sizes a test can afford."""
@@ -23,16 +23,8 @@ SB3 = ["sb3_ppo.py", "--timesteps", "2048", "--rollout", "256"]
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("integrations")
-    server = NatsServer(tmp / "js")
-    server.start()
-    d = Daemon(server.url, tmp / "data")
-    d.start()
-    try:
+    with serving(tmp_path_factory.mktemp("integrations")) as d:
         yield d
-    finally:
-        d.terminate()
-        server.stop()
 
 
 def _train(daemon: Daemon, command: list[str], tmp_path: Path) -> None:

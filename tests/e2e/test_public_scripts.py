@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import Daemon, NatsServer, wait_for
+from support import Daemon, serving, wait_for
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "_support" / "public_scripts"
 NANOGPT_TINY = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32",
@@ -35,16 +35,8 @@ C51_TINY = ["--no-cuda", "--total-timesteps", "300", "--learning-starts", "100",
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("public-scripts")
-    server = NatsServer(tmp / "js")
-    server.start()
-    d = Daemon(server.url, tmp / "data")
-    d.start()
-    try:
+    with serving(tmp_path_factory.mktemp("public-scripts")) as d:
         yield d
-    finally:
-        d.terminate()
-        server.stop()
 
 
 def _train(daemon: Daemon, script: Path, args: list[str], run_id: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from docs_gen import load_reference
-from support import Daemon, NatsServer
+from support import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 reference = load_reference()
@@ -77,16 +77,8 @@ NOT_RUN = [b for b in PYTHON if b.not_run is not None]
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real nats-server and daemon for the examples (their ``close()`` then has a stream to deliver to)."""
-    root = tmp_path_factory.mktemp("docs-broker")
-    server = NatsServer(root / "jetstream")
-    server.start()
-    daemon = Daemon(server.url, root / "data")
-    daemon.start()
-    try:
-        yield server.url
-    finally:
-        daemon.terminate()
-        server.stop()
+    with serving(tmp_path_factory.mktemp("docs-broker")) as daemon:
+        yield daemon.nats_url
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
