@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import layout
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tree(tmp_path: Path) -> Path:
-    """The import namespace as installed (``trainvigil/{agents,daemon,schemas}``): the folders map
-    onto it through the build backend, which static import analysis cannot follow."""
-    site = tmp_path / "site"
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "src" / "trainvigil", site / "trainvigil", ignore=ignore)
-    for folder in ("agents", "daemon", "schemas"):
-        shutil.copytree(ROOT / folder, site / "trainvigil" / folder, ignore=ignore)
-    return site
-
-
-def test_import_contracts_are_kept(tmp_path: Path) -> None:
+def test_import_contracts_are_kept() -> None:
+    """Through the command contributors run (``python tests/_support/layout.py lint-imports``)."""
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     if lint is None:
         pytest.fail("lint-imports is not installed: pip install -e '.[dev]'")
-    env = {**os.environ, "PYTHONPATH": str(_tree(tmp_path))}
-    done = subprocess.run([lint, "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    command = [sys.executable, str(ROOT / "tests" / "_support" / "layout.py"), lint, "--no-cache"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
 
@@ -48,7 +38,7 @@ for a in sorted(graph.modules):
 def test_the_package_has_no_import_cycle(tmp_path: Path) -> None:
     """Module pairs that reach each other, counting imports inside functions too."""
     pytest.importorskip("grimp")
-    env = {**os.environ, "PYTHONPATH": str(_tree(tmp_path))}
+    env = layout.environment(layout.build(tmp_path / "site"))
     done = subprocess.run([sys.executable, "-c", _CYCLES], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "", f"import cycles:\n{done.stdout}"
@@ -60,11 +50,8 @@ def test_the_package_tests_benches_and_examples_type_check(tmp_path: Path) -> No
     ``trainvigil.*`` imports, and mypy would take them as Any), and over ``tests/``, ``bench/`` and
     ``examples/`` against it (their helper modules, ``support`` and ``_procs``, found as the tests find them)."""
     pytest.importorskip("mypy")
-    site = _tree(tmp_path)
-    env = {
-        **os.environ,
-        "MYPYPATH": os.pathsep.join([str(site), str(ROOT / "tests" / "_support"), str(ROOT / "bench")]),
-    }
+    site = layout.build(tmp_path / "site")
+    env = layout.environment(site, ROOT / "tests" / "_support", ROOT / "bench")
     mypy = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
     mypy += ["--cache-dir", str(tmp_path / "cache"), "--explicit-package-bases"]
     files = sorted(str(p) for folder in ("tests", "bench", "examples") for p in (ROOT / folder).rglob("*.py"))
