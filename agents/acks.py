@@ -8,18 +8,17 @@ then a dataclass by reflection. Here a counter names the reply, the publish roun
 flight, and the ack is decoded with msgspec into the three fields that matter; one subscription
 collects them (nats-py renews it after a reconnect), ``<inbox>.*`` under this connection's own inbox
 prefix (``_INBOX.<user>.<connection>``, see :mod:`trainvigil.schemas.credentials`), never the user's
-``_INBOX.<user>.>``: an agent handles its own acks only.
-
-A round's acks can also be left unread for a while (:meth:`AckInbox.hold`): the agent's thread, which
-sleeps until its next flush or step anyway, then reads them when it wakes instead of waking once more for
-them; each wake-up takes the GIL from the training thread, which costs that thread more than its own work.
+``_INBOX.<user>.>``: an agent handles its own acks only. A round (:func:`publish_round`) sends up to
+``max_inflight`` messages pipelined and waits for their acks: the agent's live publishing and the upload of
+sealed files (:mod:`.push`) alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -27,6 +26,8 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
     from nats.aio.subscription import Subscription
+
+    from .outbox import OutMsg
 
 NO_RESPONDERS = "503"
 """The status of the reply the server sends when no stream takes the subject."""
@@ -78,42 +79,13 @@ class AckInbox:
         """Reply token -> the ack's future and the subject published to."""
         self._count = 0
         self._sub: Subscription | None = None
-        self._held: asyncio.ReadTransport | None = None
-        self._release: asyncio.TimerHandle | None = None
 
     async def open(self) -> AckInbox:
         self._sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
         return self
 
-    def hold(self, until: float) -> None:
-        """Leave what the broker sends unread until :meth:`release`, or ``until`` (the loop's clock) at the latest.
-
-        It waits in the socket meanwhile; nothing is lost, and nothing sent is delayed. (Under TLS, asyncio
-        still reads the socket and only holds the plain text back; over a websocket nothing is held.)
-        """
-        # nats-py's TCP transport (plain or TLS) keeps asyncio's stream writer, whose transport pauses the reader.
-        writer = getattr(getattr(self._nc, "_transport", None), "_io_writer", None)
-        transport = getattr(writer, "transport", None)
-        if self._held is not None or not isinstance(transport, asyncio.ReadTransport):
-            return
-        if not transport.is_reading():  # paused by asyncio's own flow control: not ours to resume
-            return
-        transport.pause_reading()
-        self._held = transport
-        self._release = asyncio.get_running_loop().call_at(until, self.release)
-
-    def release(self) -> None:
-        """Read what the broker sent again (at once if it was held); a no-op otherwise."""
-        held, self._held = self._held, None
-        if self._release is not None:
-            self._release.cancel()
-            self._release = None
-        if held is not None:
-            held.resume_reading()  # a closed connection's transport ignores it
-
     async def close(self) -> None:
         """Unsubscribe, and cancel the acks still awaited."""
-        self.release()
         for future, _ in list(self._pending.values()):
             future.cancel()
         if self._sub is not None:
@@ -156,3 +128,53 @@ class AckInbox:
             future.set_exception(StreamRefusedError(ack.error))
         else:
             future.set_result(ack)
+
+
+class JetStream(Protocol):
+    """What a publish round sends through: :class:`AckInbox` (a test's fake, without a broker)."""
+
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[Any]: ...
+
+
+async def publish_round(
+    js: JetStream, msgs: Sequence[OutMsg], timeout: float, pace: Callable[[], None] = lambda: None
+) -> tuple[int, BaseException | None]:
+    """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``, calling ``pace()`` between two
+    (the agent's worker gives the GIL back there), and wait up to ``timeout`` seconds for their acks.
+    Not after the last: the wait for the acks gives the GIL back anyway, and a pause just before it
+    would cost a second hand-over of the GIL (the training thread's, then the worker's 5 ms wait).
+
+    Returns how many from the front were acknowledged, and the first error (``None`` if all were).
+    """
+    futures: list[asyncio.Future[Any]] = []
+    error: BaseException | None = None
+    try:
+        for i, m in enumerate(msgs):
+            if i:
+                pace()
+            futures.append(await js.publish_async(m.subject, m.payload, headers={"Nats-Msg-Id": m.msg_id}))
+    except asyncio.CancelledError:
+        for future in futures:
+            future.cancel()
+        raise
+    except Exception as exc:
+        error = exc
+    late: set[asyncio.Future[Any]] = set()
+    if futures:
+        # One waiter for the round (no task per ack): it wakes when every ack is in, at the first
+        # failure, or at the timeout; an ack still missing then is given up on.
+        try:
+            _, late = await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for future in futures:
+                future.cancel()  # no-op for those done
+    acked = 0
+    for future in futures:
+        if future in late:
+            return acked, TimeoutError(f"no acknowledgement within {timeout:g} s")
+        if future.cancelled():
+            return acked, ConnectionError("the connection closed before the acknowledgement came")
+        if (failed := future.exception()) is not None:
+            return acked, failed
+        acked += 1
+    return acked, error

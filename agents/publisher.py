@@ -19,10 +19,10 @@ from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import quiet_backoff
 
-from .acks import AckInbox
+from .acks import AckInbox, publish_round
 from .options import AgentOptions
 from .outbox import OutMsg
-from .push import FileResult, publish_round, upload
+from .push import FileResult, upload
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -64,15 +64,6 @@ class Publisher(Protocol):
 
     async def deliver_file(self, path: Path, only_for: str) -> FileResult:
         """Deliver the sealed spill file at ``path`` if it is meant for broker ``only_for`` (see :mod:`.push`)."""
-        ...
-
-    def hold_replies(self, until: float) -> None:
-        """Leave the broker's replies (the acks of a round under way) unread until :meth:`read_replies`, or
-        ``until`` (the loop's clock) at the latest; see :meth:`.acks.AckInbox.hold`."""
-        ...
-
-    def read_replies(self) -> None:
-        """Read the broker's replies again; a no-op unless they were held."""
         ...
 
 
@@ -178,14 +169,6 @@ class NatsPublisher:
             only_for=only_for,
             subjects=opts.subjects,
         )
-
-    def hold_replies(self, until: float) -> None:
-        if self._inbox is not None:
-            self._inbox.hold(until)
-
-    def read_replies(self) -> None:
-        if self._inbox is not None:
-            self._inbox.release()
 
     def _first_failure(self, exc: BaseException) -> None:
         """Say once, at the first failed connect, that data is kept and where."""

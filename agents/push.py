@@ -26,10 +26,10 @@ import contextlib
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO
 
 from trainvigil.errors import EXIT_QUERY, EXIT_UNAVAILABLE, VigilError
 from trainvigil.schemas.credentials import ANONYMOUS, BusAccess
@@ -40,7 +40,7 @@ from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
 from ._spill_check import foreign_frame
-from .acks import AckInbox
+from .acks import AckInbox, JetStream, publish_round
 from .outbox import OutMsg, copy_range, mark_delivered, read_frame, read_sealed_header, write_sealed
 
 SUFFIX = ".spill"
@@ -144,56 +144,6 @@ def _claim(path: Path) -> Iterator[BinaryIO | InputRefusedError | None]:
         except FileNotFoundError:
             same = False
         yield f if same else None
-
-
-class JetStream(Protocol):
-    """What a publish round sends through: :class:`~.acks.AckInbox` (a test's fake, without a broker)."""
-
-    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[Any]: ...
-
-
-async def publish_round(
-    js: JetStream, msgs: Sequence[OutMsg], timeout: float, pace: Callable[[], None] = lambda: None
-) -> tuple[int, BaseException | None]:
-    """Publish ``msgs`` pipelined, each with its ``Nats-Msg-Id``, calling ``pace()`` between two
-    (the agent's worker gives the GIL back there), and wait up to ``timeout`` seconds for their acks.
-    Not after the last: the wait for the acks gives the GIL back anyway, and a pause just before it
-    would cost a second hand-over of the GIL (the training thread's, then the worker's 5 ms wait).
-
-    Returns how many from the front were acknowledged, and the first error (``None`` if all were).
-    """
-    futures: list[asyncio.Future[Any]] = []
-    error: BaseException | None = None
-    try:
-        for i, m in enumerate(msgs):
-            if i:
-                pace()
-            futures.append(await js.publish_async(m.subject, m.payload, headers={"Nats-Msg-Id": m.msg_id}))
-    except asyncio.CancelledError:
-        for future in futures:
-            future.cancel()
-        raise
-    except Exception as exc:
-        error = exc
-    late: set[asyncio.Future[Any]] = set()
-    if futures:
-        # One waiter for the round (no task per ack): it wakes when every ack is in, at the first
-        # failure, or at the timeout; an ack still missing then is given up on.
-        try:
-            _, late = await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            for future in futures:
-                future.cancel()  # no-op for those done
-    acked = 0
-    for future in futures:
-        if future in late:
-            return acked, TimeoutError(f"no acknowledgement within {timeout:g} s")
-        if future.cancelled():
-            return acked, ConnectionError("the connection closed before the acknowledgement came")
-        if (failed := future.exception()) is not None:
-            return acked, failed
-        acked += 1
-    return acked, error
 
 
 async def upload(

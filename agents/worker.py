@@ -6,18 +6,14 @@ when records are queued, a ``flush()`` or ``close()``), never polling; on each i
 buffered steps into the open batch, which is sealed into messages at ``batch_size`` rows or every
 ``flush_interval``. After a flush interval without a step and with nothing left to seal, it drops
 the flush timer until ``log()`` wakes it at the next step (sealed a flush interval later), so an
-idle or slow loop's agent wakes per heartbeat, not several times a second: each wake-up of an
-asyncio thread costs a Python-bound training thread on the same core more than its own run time.
+idle or slow loop's agent wakes per heartbeat, not several times a second. When it wakes and what
+each pass is due to do is a pure :class:`~._schedule.WakeSchedule`; this module does the work.
 It turns the buffers into messages with a :class:`~.batcher.Batcher` (pure), keeps them in an
 :class:`~.outbox.Outbox` (memory, then spill file) and publishes the outbox in order through a
 :class:`~.publisher.Publisher`, ``max_inflight`` messages per round trip, dropping from it only what
 the broker acknowledged. A stalled round is retried with the waits of the one retry policy, silently
 (:func:`trainvigil.schemas.settings.quiet_backoff`), and until a round goes through, what is held is kept
-on disk as while the broker is away (a broker with no stream yet stores nothing). A round sent while
-this thread sleeps leaves its acks unread in the socket until it wakes (:meth:`.acks.AckInbox.hold`):
-at its next flush, or in a quiet spell at the next step, half the ack timeout at most. So it wakes once
-per flush (a slow loop's: twice per step), not once more for the acks a fraction of a millisecond after
-it sent.
+on disk as while the broker is away (a broker with no stream yet stores nothing).
 
 The training thread feels this thread only through the GIL: work comes in slices (a chunk of
 entries, one message) and a :class:`~._pacing.Pacer` between slices gives the GIL back at least
@@ -55,6 +51,7 @@ from ._alarm import Alarm
 from ._drops import Drops
 from ._orphans import LIVE, adopt_orphans
 from ._pacing import Pacer
+from ._schedule import WakeSchedule
 from ._stuck import StuckProbe
 from ._values import as_step, wire_text
 from .batcher import Batcher
@@ -70,6 +67,7 @@ WAKE_EVERY = 1024
 """``log()`` wakes a sleeping worker once this many steps wait: packing them early frees the training
 thread's metric dicts while their memory is still warm (a tail of ``log()`` otherwise)."""
 _PICKUP_TRIES = 3  # passes over leftover files that failed, before leaving them to the next agent
+_PICKUP_WAIT = 2.0  # seconds before the second pass (then doubled), under the one retry policy
 
 
 class StalledError(ConnectionError):
@@ -107,9 +105,10 @@ class Worker:
         self._steps = steps
         self._wake_on_log = wake_on_log
         """Tells the training thread's ``log()`` to wake this thread when it finds this many steps waiting (before
-        its own): 0 while this thread sleeps through a quiet spell, else one less than :attr:`_wake_after`."""
-        self._wake_after = min(WAKE_EVERY, options.batch_size)
-        """Steps waiting that end this thread's sleep (outside a quiet spell)."""
+        its own): :meth:`._schedule.WakeSchedule.log_wakes_at`."""
+        self._schedule = WakeSchedule(
+            options.flush_interval, options.heartbeat_interval, min(WAKE_EVERY, options.batch_size), time.monotonic()
+        )
         self._records = records
         self.drops = drops
         self._last_step = last_step
@@ -139,9 +138,6 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._alarm = Alarm()  # ends _until_woken's sleep
         self._asleep = False
-        self._wake_due = 0.0
-        """While this thread sleeps: when it wakes at the latest (``time.monotonic()``); else 0."""
-        self._serving = 0  # flush() calls waiting for acks (each counted from the pass that took it to its end)
         self._progress = asyncio.Event()
         self.delivered_events = 0
         self._reported_drops = 0
@@ -162,7 +158,7 @@ class Worker:
         self._outbox.forget_lock()
 
     def start(self) -> None:
-        self._wake_on_log(self._wake_after - 1)
+        self._wake_on_log(self._schedule.log_wakes_at(sleeping=False))
         self.thread.start()
 
     def wake(self) -> None:
@@ -226,37 +222,25 @@ class Worker:
             asyncio.create_task(self._pump()),
             asyncio.create_task(self._pickup()),
         ]
-        opts = self.options
-        next_flush = time.monotonic() + opts.flush_interval
-        next_heartbeat = time.monotonic()
-        packed_at = float("-inf")  # when a pass last packed a step
-        quiet = False
+        schedule = self._schedule
         try:
             while not self._closing.is_set():
                 now = time.monotonic()
                 try:
                     flushes = [self._flushes.popleft() for _ in range(len(self._flushes))]
                     if await self._pack():
-                        if quiet:  # the first step after a quiet spell: sealed a flush interval from now, as any
-                            next_flush = now + opts.flush_interval  # step (this pass stays short: it only packs)
-                        packed_at = now
-                    if flushes or now >= next_flush:
-                        next_flush = now + opts.flush_interval
+                        schedule.packed(now)
+                    if schedule.seal_due(now, flushing=bool(flushes)):
                         self._push(self._batcher.seal())
                     self._push(self._batcher.records(self._records))
                     for request in flushes:
-                        self._serving += 1  # from now, not from the task's start: no round holds its acks meanwhile
                         tasks.append(asyncio.create_task(self._serve_flush(request, self._pushed)))
-                    if now >= next_heartbeat:
-                        next_heartbeat = now + opts.heartbeat_interval
+                    if schedule.heartbeat_due(now):
                         self._push(self._batcher.records(deque([self._heartbeat()])))
                     self._report_drops()
                 except Exception as exc:
                     self._failed("running the agent loop", exc, "worker_error", 1)
-                # No step for a whole flush interval and nothing left to seal: sleep until a heartbeat is due or
-                # the next step is logged, instead of waking every flush interval for nothing.
-                quiet = not self._batcher.open_rows and now - packed_at >= opts.flush_interval
-                await self._until_woken(next_heartbeat if quiet else min(next_flush, next_heartbeat), quiet)
+                await self._until_woken(schedule.rest(now, self._batcher.open_rows))
             try:
                 await self._collect()
                 self._push(self._batcher.records(deque([self._run_end()])))
@@ -273,28 +257,24 @@ class Worker:
             self._loop = None
             self._finish()
 
-    async def _until_woken(self, wake_at: float, quiet: bool = False) -> None:
+    async def _until_woken(self, wake_at: float) -> None:
         """Block (GIL released) until :meth:`wake` or ``wake_at`` (``time.monotonic()``), unless work came
-        meanwhile; ``quiet``: woken by the first step logged, not only once :data:`WAKE_EVERY` wait.
-        The broker's replies held meanwhile (:meth:`_hold_until`) are read once it wakes."""
+        meanwhile; through a quiet spell woken by the first step logged, else once :data:`WAKE_EVERY` wait."""
+        schedule = self._schedule
+        quiet = schedule.quiet
         timeout = wake_at - time.monotonic()
         self._asleep = True  # set before looking: a wake() from now on is not lost
         if quiet:
-            self._wake_on_log(0)  # before looking too: log() appends, then reads it
+            # Before looking too: log() appends, then reads it.
+            self._wake_on_log(schedule.log_wakes_at(sleeping=True))
         try:
-            waiting = len(self._steps)
-            idle = (not waiting if quiet else waiting < self._wake_after) and not (
-                self._records or self._flushes or self._closing.is_set()
-            )
+            idle = schedule.idle(len(self._steps)) and not (self._records or self._flushes or self._closing.is_set())
             if idle and timeout > 0:
-                self._wake_due = wake_at
                 await self._alarm.sleep(timeout)
         finally:
             self._asleep = False
-            self._wake_due = 0.0
-            self._publisher.read_replies()
             if quiet:
-                self._wake_on_log(self._wake_after - 1)
+                self._wake_on_log(schedule.log_wakes_at(sleeping=False))
         self._alarm.clear()
         self._pacer.rested()
 
@@ -444,7 +424,6 @@ class Worker:
         except Exception as exc:
             self._failed("flushing", exc)
         finally:
-            self._serving -= 1
             request.ok = request.ok and not self.drops.total()
             request.done.set()
 
@@ -489,8 +468,6 @@ class Worker:
         except SpillError as exc:
             self._failed("reading the spill file back", exc, "spill_error", exc.events)
             return
-        if until := self._hold_until(len(msgs)):
-            self._publisher.hold_replies(until)
         acked, error = await self._publisher.publish(msgs, self.options.ack_timeout)
         if isinstance(error, asyncio.CancelledError) and self._closing.is_set():
             raise error
@@ -506,18 +483,6 @@ class Worker:
             raise StalledError(f"{acked} of {len(msgs)} messages acknowledged: {error!r}")
         self._unstored = False
 
-    def _hold_until(self, sending: int) -> float:
-        """Until when a round's acks may wait unread for this thread's next wake, which reads them, instead of
-        waking it once more (0: not this round). Only while the thread sleeps, the round takes the whole outbox,
-        and nothing waits on the acks (no ``flush()``, ``close()`` or leftover upload); until a flush interval
-        past the wake due (its flush timer; in a quiet spell the next step's ``log()`` or a heartbeat comes
-        first), and never past half the round's ``ack_timeout``."""
-        if not self._wake_due or sending != len(self._outbox):
-            return 0.0
-        if self._serving or self._flushes or self._pickup_pending or self._closing.is_set():
-            return 0.0
-        return min(self._wake_due + self.options.flush_interval, time.monotonic() + self.options.ack_timeout / 2)
-
     async def _pickup(self) -> None:
         """Once connected, deliver the sealed files earlier runs left in the spill directory for this broker.
 
@@ -526,8 +491,9 @@ class Worker:
         """
         failed: list[str] = []
         where = self.options.spill_dir
+        waits = quiet_backoff(_PICKUP_WAIT, 2 * _PICKUP_WAIT)
         try:
-            for attempt in range(_PICKUP_TRIES):
+            for _ in range(_PICKUP_TRIES):
                 while not self._publisher.connected:
                     await self._progressed()
                 self._pickup_pending = True
@@ -546,7 +512,7 @@ class Worker:
                 self._notify()
                 if not failed or self._closing.is_set():
                     break
-                await asyncio.sleep(2.0 * (attempt + 1))
+                await asyncio.sleep(next(waits))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

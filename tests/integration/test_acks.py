@@ -1,4 +1,4 @@
-"""The agent's JetStream publishing (``agents/acks.py``, ``push.publish_round``) against a real nats-server:
+"""The agent's JetStream publishing (``agents/acks.py``: ``AckInbox``, ``publish_round``) against a real nats-server:
 acks in order, a refusal and a missing stream named, a silent broker timed out, nothing left waiting."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import nats
 import pytest
 from support import NatsServer
 
-from trainvigil.agents.acks import AckInbox, NoStreamError, PubAck, StreamRefusedError
+from trainvigil.agents.acks import AckInbox, NoStreamError, PubAck, StreamRefusedError, publish_round
 from trainvigil.agents.outbox import OutMsg
-from trainvigil.agents.push import publish_round
 
 SUBJECT = "acks.test"
 
@@ -144,47 +143,3 @@ def test_a_round_gives_the_gil_back_between_messages_not_after_the_last(nats_ser
     result, sent_at_pause = _with_inbox(nats_server.url, body)
     assert result == (5, None)
     assert sent_at_pause == [1, 2, 3, 4]
-
-
-async def _stored(url: str, want: int) -> None:
-    """Wait (on a connection of its own) until stream ``ACKS`` holds ``want`` messages."""
-    nc = await nats.connect(url, connect_timeout=2)
-    try:
-        js = nc.jetstream()
-        deadline = asyncio.get_running_loop().time() + 10
-        while (await js.stream_info("ACKS")).state.messages < want:
-            assert asyncio.get_running_loop().time() < deadline, f"the broker never stored {want} messages"
-            await asyncio.sleep(0.01)
-    finally:
-        await nc.close()
-
-
-def test_held_acks_wait_unread_in_the_socket_until_released(nats_server: NatsServer) -> None:
-    async def body(js: Any, inbox: AckInbox) -> tuple[bool, bool, tuple[int, BaseException | None]]:
-        loop = asyncio.get_running_loop()
-        inbox.hold(loop.time() + 60)
-        held = inbox._held is not None
-        round_ = asyncio.ensure_future(publish_round(inbox, _msgs(3), timeout=30))
-        await _stored(nats_server.url, 3)  # stored, so their acks are on the way (and in the socket soon)
-        await asyncio.sleep(0.2)  # time for the acks to be read, were the socket read
-        unread = not round_.done()
-        inbox.release()
-        return held, unread, await asyncio.wait_for(round_, 5)
-
-    held, unread, result = _with_inbox(nats_server.url, body)
-    assert held, "nats-py's connection exposes its asyncio transport: the socket can be held"
-    assert unread, "the acks were read while held"
-    assert result == (3, None)
-
-
-def test_a_hold_ends_by_itself_at_its_deadline(nats_server: NatsServer) -> None:
-    async def body(js: Any, inbox: AckInbox) -> tuple[tuple[int, BaseException | None], float, bool]:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        inbox.hold(started + 0.3)
-        result = await publish_round(inbox, _msgs(2), timeout=10)
-        return result, loop.time() - started, inbox._held is None
-
-    result, took, let_go = _with_inbox(nats_server.url, body)
-    assert result == (2, None) and let_go
-    assert 0.3 <= took < 5, f"acked after {took:.2f} s: the hold did not last until its deadline, or outlived it"
