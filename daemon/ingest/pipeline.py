@@ -34,6 +34,7 @@ from trainvigil.daemon.batch.decode import DeadLetter, IngestBatch, RawMessage, 
 from trainvigil.daemon.broker.jetstream import Puller, bind_consumer, restore_stream, stream_view
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.ingest._forgery import ForgeryPages
+from trainvigil.daemon.ingest.isolate import write_isolating
 from trainvigil.daemon.ingest.sequencer import RECREATED, Sequencer, StreamView, Verdict, judge, recreated
 from trainvigil.daemon.malloc import trim
 from trainvigil.daemon.metrics import DaemonMetrics
@@ -426,13 +427,15 @@ class Ingest:
         """Write ``batch``, waiting out a store that cannot write (disk full, I/O error).
 
         Nothing is acked meanwhile, so the stream keeps every message and the fetcher stops at
-        the bounded queue: no step is lost and none is stored twice (the store skips what a
-        partial commit already applied). Said once in the log, on ``/healthz`` and as a page.
+        the bounded queue: no step is lost and none is stored twice (what a partial commit
+        already applied is left out of the retry). A batch the store refuses for what it holds is
+        split down to the messages at fault (:func:`.isolate.write_isolating`). Said once in the log,
+        on ``/healthz`` and as a page.
         """
         delay = 0.5
         while True:
             try:
-                refused = await anyio.to_thread.run_sync(self.store.write, batch)
+                refused = await anyio.to_thread.run_sync(write_isolating, self.store, batch)
             except StoreUnavailableError as exc:
                 if not self.metrics.store_unavailable:
                     free = await anyio.to_thread.run_sync(_free_bytes, self.store)

@@ -3,11 +3,12 @@
 -- Run on every open (trainvigil.daemon.store), after any migration of an older file, so it must
 -- stay idempotent: CREATE TABLE IF NOT EXISTS, COMMENT ON (replaces), CREATE OR REPLACE VIEW.
 -- A column added here only reaches files that do not have the table yet: an existing file needs
--- a migration in store/writer.py (_migrate) and a new SCHEMA_VERSION.
+-- a migration in store/schema.py (migrate) and a new SCHEMA_VERSION.
 --
 -- Times are TIMESTAMPTZ (instants, shown in the reader's time zone; the daemon's is UTC). Keep the
 -- views to SQL that DuckDB 1.4 binds: the file is read by CLIs older than the daemon's DuckDB.
--- The columns of `steps` are in the order of store._STEP_FIELDS (the wire's KNOWN_METRICS).
+-- The columns of `steps` are in the order of store._arrow.STEP_COLUMNS (the wire's KNOWN_METRICS); rows are
+-- inserted by column name, from the wire structs' fields (tests/unit/test_store_columns.py checks they match).
 
 CREATE TABLE IF NOT EXISTS schema_info (version INTEGER);
 CREATE TABLE IF NOT EXISTS runs (
@@ -57,7 +58,7 @@ CREATE TABLE IF NOT EXISTS anomalies (
     state VARCHAR, value DOUBLE, baseline DOUBLE, threshold DOUBLE, message VARCHAR,
     episode VARCHAR, last_step BIGINT, updated_at TIMESTAMPTZ
 );
--- The columns from workload on were added in schema version 3 (store._migrate adds them to older files).
+-- The columns from workload on were added in schema version 3 (store.schema.migrate adds them to older files).
 CREATE TABLE IF NOT EXISTS canary_results (
     time TIMESTAMPTZ, name VARCHAR, fault VARCHAR, passed BOOLEAN, expected_detector VARCHAR,
     fault_step BIGINT, fired_step BIGINT, latency_steps BIGINT, detail VARCHAR,

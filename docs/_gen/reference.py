@@ -497,7 +497,7 @@ def cli_page() -> str:
 def _history() -> Any:
     import duckdb
 
-    from trainvigil.daemon.store.writer import SCHEMA_SQL
+    from trainvigil.daemon.store.schema import SCHEMA_SQL
 
     con = duckdb.connect()
     con.execute(SCHEMA_SQL)
@@ -516,7 +516,7 @@ def sql_columns() -> list[Column]:
 
 
 def sql_page() -> str:
-    from trainvigil.daemon.store.writer import SCHEMA_VERSION
+    from trainvigil.daemon.store.schema import SCHEMA_VERSION
 
     con = _history()
     out = [

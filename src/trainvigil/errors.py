@@ -88,6 +88,17 @@ class StoreUnavailableError(VigilError):
         self.cause = cause
 
 
+class BatchUnstorableError(VigilError):
+    """The database refused a batch for what it holds (a value that does not fit its column), not for want
+    of memory or disk: nothing of it was committed. ``detail`` is the database's error; ingest splits the
+    batch by message and dead-letters the ones at fault (``daemon/ingest/isolate.py``)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{path} refused a batch: {detail}; split it to find the messages at fault")
+        self.path = path
+        self.detail = detail
+
+
 class DaemonUnavailableError(VigilError):
     """No running daemon answered and no data directory could be opened instead."""
 

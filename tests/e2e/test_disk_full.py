@@ -21,6 +21,7 @@ from support import Daemon, NatsServer, finish, run_producer, wait_for
 
 from trainvigil.daemon.batch.decode import IngestBatch, RawMessage, decode_batch
 from trainvigil.daemon.config import DaemonConfig
+from trainvigil.daemon.ingest.isolate import write_isolating
 from trainvigil.daemon.store.reads import ReadOnlyQueries
 from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import StoreUnavailableError
@@ -88,7 +89,7 @@ def test_a_database_duckdb_invalidated_on_a_full_disk_is_reopened_for_queries(sm
     seq = 1
     with pytest.raises(StoreUnavailableError):
         while True:
-            store.write(_events(seq, 50))
+            write_isolating(store, _events(seq, 50))
             seq += 50
     stored = store.last_seq
     _fill(small_fs)
@@ -96,12 +97,12 @@ def test_a_database_duckdb_invalidated_on_a_full_disk_is_reopened_for_queries(sm
         store.cursor().execute("CHECKPOINT")
     if seen_by == "writer":
         with pytest.raises(StoreUnavailableError, match="invalidated"):
-            store.write(_events(seq, 50))
+            write_isolating(store, _events(seq, 50))
     assert _count(reads) == (stored, ""), "queries answer from the reopened database, the disk still full"
     assert _count(reads) == (stored, "")
     (small_fs / "filler").unlink()
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
-    assert store.write(_events(seq, 50)) == []
+    assert write_isolating(store, _events(seq, 50)) == []
     assert _count(reads) == (stored + 50, "")
     store.close()
 

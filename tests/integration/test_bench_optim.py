@@ -123,7 +123,8 @@ def test_a_version_3_file_gains_optim_results_and_materialises_result_events(tmp
     import duckdb
 
     from trainvigil.daemon.batch.decode import IngestBatch
-    from trainvigil.daemon.store.writer import SCHEMA_VERSION, Store
+    from trainvigil.daemon.store.schema import SCHEMA_VERSION
+    from trainvigil.daemon.store.writer import Store
 
     path = tmp_path / "vigil.duckdb"
     with duckdb.connect(str(path)) as con:

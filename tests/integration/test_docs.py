@@ -158,7 +158,7 @@ def test_every_reference_page_is_generated_whole() -> None:
 
 def test_the_sql_recipes_bind_against_the_schema() -> None:
     """Every SQL block of the docs binds (tables, columns, functions) on an empty history file."""
-    from trainvigil.daemon.store.writer import SCHEMA_SQL
+    from trainvigil.daemon.store.schema import SCHEMA_SQL
 
     con = duckdb.connect()
     con.execute(SCHEMA_SQL)

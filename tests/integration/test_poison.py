@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from support import Daemon, NatsServer, wait_for
 
 from trainvigil.daemon.batch.decode import RawMessage, decode_batch
+from trainvigil.daemon.ingest.isolate import write_isolating
 from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import StoreUnavailableError
 from trainvigil.schemas import Envelope, RunEvent, Source, encode
@@ -106,7 +107,7 @@ def test_poison_between_valid_messages_is_dead_lettered(name: str, tmp_path: Pat
         RawMessage("vigil.v1.r.run", POISON[name], 2),
         RawMessage("vigil.v1.r.run", _valid_event("after"), 3),
     ]
-    store.write(decode_batch(msgs))
+    write_isolating(store, decode_batch(msgs))
     con = store.con
     assert con.execute("select kind from events order by kind").fetchall() == [("after",), ("before",)]
     letters = con.execute("select stream_seq, reason from dead_letters").fetchall()
@@ -131,7 +132,7 @@ def test_a_batch_the_database_refuses_is_split_down_to_the_messages_at_fault(tmp
     kinds[7] = kinds[31] = "poison"
     msgs = [RawMessage("vigil.v1.r.run", _valid_event(k), i + 1) for i, k in enumerate(kinds)]
     batch = decode_batch(msgs)
-    refused = store.write(batch)
+    refused = write_isolating(store, batch)
     assert [d.seq for d in refused] == [8, 32]
     assert all("refused for the test" in d.error for d in refused)
     con = store.con
@@ -142,7 +143,7 @@ def test_a_batch_the_database_refuses_is_split_down_to_the_messages_at_fault(tmp
     ]
     assert store.last_seq == 40
     # The same batch again (a retry after a crash of the caller): nothing is stored twice.
-    store.write(batch)
+    write_isolating(store, batch)
     assert con.execute("select count(*) from events").fetchone() == (38,)
     assert con.execute("select count(*) from dead_letters").fetchone() == (2,)
     store.close()
@@ -207,7 +208,7 @@ def test_every_message_is_stored_or_dead_lettered_never_both_never_neither(
 ) -> None:
     store = Store(tmp_path_factory.mktemp("prop") / "v.duckdb")
     msgs = [RawMessage("vigil.v1.r.run", p, i + 1) for i, p in enumerate(payloads)]
-    store.write(decode_batch(msgs))  # never raises
+    write_isolating(store, decode_batch(msgs))  # never raises
     con = store.con
     dead = {seq for (seq,) in con.execute("select stream_seq from dead_letters").fetchall()}
     kept = decode_batch([m for m in msgs if m.seq not in dead])
@@ -302,13 +303,13 @@ def test_a_write_out_of_memory_pauses_and_dead_letters_nothing(tmp_path: Path) -
     msgs = [RawMessage("vigil.v1.r.run", _valid_event(f"ok{i}"), i + 1) for i in range(10)]
     batch = decode_batch(msgs)
     with pytest.raises(StoreUnavailableError) as caught:
-        store.write(batch)
+        write_isolating(store, batch)
     assert caught.value.cause == "out_of_memory"
     assert "store.memory_limit_bytes" in str(caught.value)
     assert store.con.execute("select count(*) from dead_letters").fetchone() == (0,)
     assert store.last_seq == 0, "nothing committed: the stream keeps every message"
     store.memory_returns = True
-    assert store.write(batch) == []
+    assert write_isolating(store, batch) == []
     assert store.con.execute("select count(*) from events").fetchone() == (10,)
     store.close()
 

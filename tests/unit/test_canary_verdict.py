@@ -284,7 +284,7 @@ def _v2_file(path: Path, rows: Sequence[tuple[str, bool]]) -> None:
 
 
 def test_a_version_2_file_gains_the_verdict_columns(tmp_path: Path) -> None:
-    from trainvigil.daemon.store.writer import SCHEMA_VERSION
+    from trainvigil.daemon.store.schema import SCHEMA_VERSION
 
     path = tmp_path / "vigil.duckdb"
     _v2_file(path, [("a", True), ("b", False)])

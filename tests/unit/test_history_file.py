@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from trainvigil.daemon.batch.decode import IngestBatch, RawMessage, decode_batch
-from trainvigil.daemon.store.writer import _STEP_FIELDS, SCHEMA_VERSION, STORAGE_VERSION, Store
+from trainvigil.daemon.store._arrow import STEP_COLUMNS as _STEP_FIELDS
+from trainvigil.daemon.store.schema import SCHEMA_VERSION, STORAGE_VERSION
+from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import ConfigError
 from trainvigil.schemas import DEFAULT_SUBJECTS, Anomaly, Envelope, RunEnd, RunStart, Source, StepBatch, encode
 from trainvigil.schemas.records import Column

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from trainvigil.daemon.batch.decode import RawMessage, decode_batch
+from trainvigil.daemon.ingest.isolate import write_isolating
 from trainvigil.daemon.store.writer import Store
 from trainvigil.errors import StoreUnavailableError
 
@@ -97,11 +98,11 @@ def test_a_rollback_without_memory_leaves_no_aborted_transaction_behind(tmp_path
     store.con = _Failing(store.con, "ROLLBACK")  # type: ignore[assignment]
     batch = decode_batch([_message(seq) for seq in range(2, 10)])
     with pytest.raises(StoreUnavailableError) as caught:
-        store.write(batch)
+        write_isolating(store, batch)
     assert caught.value.cause == "out_of_memory"
     store.short = False
     # The memory is back; the try that failed left DuckDB's connection inside an aborted transaction.
-    assert store.write(batch) == [], "nothing is dead-lettered"
+    assert write_isolating(store, batch) == [], "nothing is dead-lettered"
     assert _stored(store) == (90, 90, 9, 0)
     assert store.last_seq == 9
     store.write(decode_batch([_message(10)]))
@@ -115,8 +116,8 @@ def test_a_commit_that_raised_after_committing_is_not_applied_twice(tmp_path: Pa
     store.con = _Failing(store.con, "COMMIT", after=True)  # type: ignore[assignment]
     batch = decode_batch([_message(seq) for seq in range(2, 6)])
     with pytest.raises(StoreUnavailableError):
-        store.write(batch)
-    assert store.write(batch) == []
+        write_isolating(store, batch)
+    assert write_isolating(store, batch) == []
     assert _stored(store) == (50, 50, 5, 0), "every step and event once"
     assert store.last_seq == 5
     # The top steps were read back: steps that overlap what that commit stored are merged, not appended
@@ -155,7 +156,7 @@ def test_batches_written_while_queries_exhaust_duckdbs_memory_are_stored_once_an
             batch = decode_batch([_message(seq + i + 1, steps=50) for i in range(20)])
             while True:
                 try:
-                    assert store.write(batch) == [], "nothing is dead-lettered"
+                    assert write_isolating(store, batch) == [], "nothing is dead-lettered"
                     break
                 except StoreUnavailableError as exc:  # out of memory: wait (the daemon waits 0.5 s and more)
                     pauses += 1
