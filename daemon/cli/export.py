@@ -199,7 +199,7 @@ def _arrow_schema(page: QueryResult) -> Any:
     """
     import pyarrow as pa
 
-    from trainvigil.daemon.cli._sandbox import sandboxed
+    from trainvigil.daemon.sandbox import sandboxed
 
     try:
         types = page.column_types()

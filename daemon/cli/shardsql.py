@@ -3,13 +3,13 @@
 The client never needs the shard count: every sharded daemon answers the roll call
 (``vigil.v1.ctl.sql.shards``) with its ``INDEX/COUNT``, so one answer is enough to know which
 shards should be there, and a shard that is down is *named*, never silently missing. Each shard is
-asked its part of the query (:mod:`._shard_plan`) on its own subject, all at once, under one
+asked its part of the query (:mod:`trainvigil.daemon.shards`) on its own subject, all at once, under one
 deadline; the answers are loaded into an in-memory DuckDB and the merge query runs there with the
 same budgets (rows, bytes, time) as a daemon's query.
 
 What a shard answers is data, never SQL: its column types are parsed into values
 (:mod:`trainvigil.schemas.sqltypes`) and the casts written from those, names quoted, in a DuckDB
-that cannot reach files or the network (:mod:`._sandbox`). Who may answer is the broker's to say:
+that cannot reach files or the network (:mod:`trainvigil.daemon.sandbox`). Who may answer is the broker's to say:
 with ``vigil up --auth`` only the daemon role may; on a bus without credentials any local process
 can, and a command that merges says so on stderr (:data:`OPEN_BUS_WARNING`).
 
@@ -30,8 +30,8 @@ import nats.errors
 import pyarrow as pa
 from nats.aio.client import Client as NATS
 
-from trainvigil.daemon.cli._sandbox import sandboxed
-from trainvigil.daemon.cli._shard_plan import PARTIALS, ShardPlan
+from trainvigil.daemon.sandbox import sandboxed
+from trainvigil.daemon.shards import PARTIALS, ShardPlan
 from trainvigil.daemon.store.query import DEFAULT_MAX_BYTES, run_query
 from trainvigil.errors import QueryBusyError, QueryError, QueryRefusedError
 from trainvigil.schemas.credentials import BusAccess
@@ -164,7 +164,7 @@ def merge(plan: ShardPlan, gathered: Gathered, limit: int, timeout: float, max_b
 
     The answers are data, never SQL: their column types are parsed (:mod:`trainvigil.schemas.sqltypes`)
     and the casts written from what was parsed, names quoted, in a DuckDB that cannot reach files or
-    the network (:mod:`._sandbox`).
+    the network (:mod:`trainvigil.daemon.sandbox`).
 
     Raises:
         QueryError: a shard's answer was an error or not a daemon's answer (named), or the merge query failed.

@@ -309,9 +309,9 @@ class QuerySource:
 
         Sets :attr:`missing` and :attr:`warning` when a shard is down or does not answer in time.
         """
-        from trainvigil.daemon.cli._shard_plan import plan as shard_plan
         from trainvigil.daemon.cli.shardsql import OPEN_BUS_WARNING, Gathered, merge, open_bus, roll_call, shard_ids
         from trainvigil.daemon.config import QUERY_ROW_LIMIT
+        from trainvigil.daemon.shards import plan as shard_plan
 
         nc = conn.nc
         assert nc is not None

@@ -34,15 +34,11 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
+from trainvigil.daemon.sandbox import READ_ONLY_CONFIG
 from trainvigil.daemon.store._value_sizes import size_refusal
 from trainvigil.errors import QueryError, QueryRefusedError, VigilError
 from trainvigil.schemas.query import MAX_SQL_CHARS, QueryRequest, QueryResult, validate
 from trainvigil.schemas.sqltypes import is_known, quote_identifier
-
-READ_ONLY_CONFIG: dict[str, str | bool | int | float | list[str]] = {
-    "enable_external_access": False,
-    "lock_configuration": True,
-}
 
 DEFAULT_MAX_BYTES = 16 * 2**20
 DEFAULT_MEMORY_BYTES = 512 * 2**20

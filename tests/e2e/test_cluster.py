@@ -26,8 +26,8 @@ from support import HERE, ROOT, ShardDaemon, wait_for
 
 from trainvigil.daemon import config as config_mod
 from trainvigil.daemon.broker.embedded import find_binary, free_port, port_open, server_args
-from trainvigil.daemon.cli._shard_plan import plan
 from trainvigil.daemon.cli.sqlclient import QuerySource
+from trainvigil.daemon.shards import plan
 from trainvigil.errors import ConfigError, QueryRefusedError
 from trainvigil.schemas import DEFAULT_SUBJECTS
 from trainvigil.schemas.query import QueryResult

@@ -20,7 +20,7 @@ UNWANTED = [
     "pyarrow",
     "trainvigil.daemon.app",
     "trainvigil.daemon.store",
-    "trainvigil.daemon.cli._shard_plan",
+    "trainvigil.daemon.shards",
 ]
 
 _VIGIL_THEN_MODULES = (

@@ -21,10 +21,11 @@ import support
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from trainvigil.daemon.cli._sandbox import sandboxed
-from trainvigil.daemon.cli._shard_plan import ShardPlan, _Planner, plan
 from trainvigil.daemon.cli.shardsql import Gathered, merge, open_bus
 from trainvigil.daemon.cli.sqlclient import QuerySource
+from trainvigil.daemon.sandbox import sandboxed
+from trainvigil.daemon.shards import ShardPlan, plan
+from trainvigil.daemon.shards.planner import _Planner
 from trainvigil.daemon.store.query import run_query
 from trainvigil.errors import QueryError, QueryRefusedError
 from trainvigil.schemas import DEFAULT_SUBJECTS
@@ -464,10 +465,12 @@ def test_the_merge_runs_in_the_locked_duckdb(tmp_path: Path) -> None:
 
 
 def test_every_duckdb_the_cli_opens_is_the_locked_one() -> None:
-    """Only the sandbox opens an in-memory DuckDB in the CLI (the history file opens read-only and locked too)."""
-    cli = Path(__file__).resolve().parents[2] / "daemon" / "cli"
-    opens = sorted(p.name for p in cli.glob("*.py") if "duckdb.connect(" in p.read_text())
-    assert opens == ["_sandbox.py"]
+    """Only the sandbox opens an in-memory DuckDB for the CLI and the planner (the history file opens read-only and
+    locked too)."""
+    daemon = Path(__file__).resolve().parents[2] / "daemon"
+    files = [daemon / "sandbox.py", *(daemon / "cli").glob("*.py"), *(daemon / "shards").glob("*.py")]
+    opens = sorted(p.name for p in files if "duckdb.connect(" in p.read_text())
+    assert opens == ["sandbox.py"]
     assert _Planner("SELECT 1").con.execute("SELECT current_setting('enable_external_access')").fetchone() == (False,)
 
 

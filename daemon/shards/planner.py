@@ -30,13 +30,11 @@ SQL are built by parsing small snippets, so the tree format is never written by 
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
-
-from trainvigil.daemon.cli._sandbox import sandboxed
+from trainvigil.daemon.sandbox import sandboxed
+from trainvigil.daemon.shards._tree import has_class, is_int, node_key, parse, to_sql
 from trainvigil.errors import QueryRefusedError
 from trainvigil.schemas.sqltypes import quote_identifier as _quote
 
@@ -57,7 +55,6 @@ _PARTIAL_FUNCS = {
 }
 _AVERAGES = frozenset({"avg", "mean"})
 _DUPLICATE_BLIND = frozenset({"min", "max", "any_value", "arbitrary", "first", "bool_and", "bool_or"})
-_LOCATION_KEYS = frozenset({"alias", "query_location", "query_location_length"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,65 +79,23 @@ class _Inner(Exception):
     """Internal: an aggregate that partial states cannot combine; plan with inner rows instead."""
 
 
-def _parse(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any]:
-    tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
-    if tree.get("error"):
-        raise QueryRefusedError(f"cannot parse the query: {tree.get('error_message', tree)}")
-    if len(tree["statements"]) != 1:
-        raise QueryRefusedError("one SELECT at a time")
-    return tree
-
-
-def _to_sql(con: duckdb.DuckDBPyConnection, tree: dict[str, Any]) -> str:
-    text: str = con.execute("SELECT json_deserialize_sql(?::JSON)", [json.dumps(tree)]).fetchall()[0][0]
-    return text
-
-
-def _key(node: Any) -> str:
-    """An expression's identity, without its alias and where it was written."""
-
-    def strip(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if k not in _LOCATION_KEYS}
-        if isinstance(x, list):
-            return [strip(v) for v in x]
-        return x
-
-    return json.dumps(strip(node), sort_keys=True)
-
-
-def _is_int(node: dict[str, Any]) -> int | None:
-    literal = node.get("literal") if node.get("class") == "CONSTANT" else None
-    if isinstance(literal, dict) and literal.get("kind") in ("INTEGER", "BIGINT") and str(literal["text"]).isdigit():
-        return int(literal["text"])
-    return None
-
-
-def _has_class(node: Any, classes: frozenset[str]) -> bool:
-    if isinstance(node, dict):
-        return node.get("class") in classes or any(_has_class(v, classes) for v in node.values())
-    if isinstance(node, list):
-        return any(_has_class(v, classes) for v in node)
-    return False
-
-
 class _Planner:
     def __init__(self, sql: str, source: str = PARTIALS) -> None:
         self.con = sandboxed()  # it runs SQL functions over text given on the command line
-        self.tree = _parse(self.con, sql)
+        self.tree = parse(self.con, sql)
         self.node: dict[str, Any] = self.tree["statements"][0]["node"]
         self.source = source
         """What the merge query reads: the ``partials`` table, or one column of it unnested."""
 
     def expr(self, sql: str) -> dict[str, Any]:
         """The parse tree of one expression written as SQL."""
-        item: dict[str, Any] = _parse(self.con, f"SELECT {sql}")["statements"][0]["node"]["select_list"][0]
+        item: dict[str, Any] = parse(self.con, f"SELECT {sql}")["statements"][0]["node"]["select_list"][0]
         return item
 
     def with_node(self, node: dict[str, Any]) -> str:
         tree = copy.deepcopy(self.tree)
         tree["statements"][0]["node"] = node
-        return _to_sql(self.con, tree)
+        return to_sql(self.con, tree)
 
     def name_of(self, item: dict[str, Any]) -> str:
         """The column name DuckDB gives a select item."""
@@ -148,7 +103,7 @@ class _Planner:
             return str(item["alias"])
         if item.get("class") == "COLUMN_REF":
             return str(item["column_names"][-1])
-        node = _parse(self.con, "SELECT 1")["statements"][0]["node"]
+        node = parse(self.con, "SELECT 1")["statements"][0]["node"]
         node["select_list"] = [{**item, "alias": ""}]
         return self.with_node(node).removeprefix("SELECT ")
 
@@ -159,7 +114,7 @@ class _Planner:
                 "across shards a query's top must be one SELECT; wrap a UNION or VALUES as "
                 "SELECT * FROM (...) to concatenate the shards' answers"
             )
-        if node.get("qualify") is not None or _has_class(node.get("select_list"), frozenset({"WINDOW"})):
+        if node.get("qualify") is not None or has_class(node.get("select_list"), frozenset({"WINDOW"})):
             raise QueryRefusedError(
                 "window functions at the top of a query would see one shard's rows only; compute them in a "
                 "subquery partitioned by run_id (each run lives on one shard), or per shard"
@@ -208,7 +163,7 @@ class _Planner:
         for i, item in enumerate(self.node["select_list"]):
             column, name = f"__vigil_s{i}", _quote(self.name_of(item))
             if item.get("class") == "SUBQUERY" and item.get("subquery_type") == "SCALAR":
-                inner = self.with_node(item["subquery"]["node"])
+                inner = self.with_node(self._with_ctes(item["subquery"]["node"]))
                 sub = _Planner(inner, source=f"(SELECT unnest({_quote(column)}) FROM {PARTIALS})").plan()
                 if sub.mode != "partial":
                     raise QueryRefusedError(
@@ -217,14 +172,23 @@ class _Planner:
                     )
                 shard_items.append(f"(SELECT __vigil_t FROM ({sub.shard_sql}) AS __vigil_t) AS {_quote(column)}")
                 merged.append(f"({sub.merge_sql}) AS {name}")
-            elif _has_class(item, frozenset({"SUBQUERY"})):
+            elif has_class(item, frozenset({"SUBQUERY"})):
                 raise QueryRefusedError("across shards, put a scalar subquery alone in its select item")
             else:
-                node = _parse(self.con, "SELECT 1")["statements"][0]["node"]
+                node = parse(self.con, "SELECT 1")["statements"][0]["node"]
                 node["select_list"] = [{**item, "alias": column}]
                 shard_items.append(self.with_node(node).removeprefix("SELECT "))
                 merged.append(f"(SELECT any_value({_quote(column)}) FROM {PARTIALS}) AS {name}")
         return ShardPlan("SELECT " + ", ".join(shard_items), "SELECT " + ", ".join(merged), "partial", False)
+
+    def _with_ctes(self, node: dict[str, Any]) -> dict[str, Any]:
+        """A subquery's node with the CTEs of the query around it, so it can be planned on its own."""
+        out = copy.deepcopy(node)
+        own = out.setdefault("cte_map", {"map": []}).setdefault("map", [])
+        names = {cte["key"] for cte in own}  # the subquery's own CTE of a name hides the outer one
+        outer = [cte for cte in (self.node.get("cte_map") or {}).get("map") or [] if cte["key"] not in names]
+        out["cte_map"]["map"] = [*copy.deepcopy(outer), *own]
+        return out
 
     # ---- rows ------------------------------------------------------------------------------------
 
@@ -240,7 +204,7 @@ class _Planner:
         for mod in mods:
             if mod["type"] == "ORDER_MODIFIER":
                 for i, order in enumerate(mod["orders"]):
-                    position = _is_int(order["expression"])
+                    position = is_int(order["expression"])
                     if position is not None:
                         target = str(position)
                     else:
@@ -249,7 +213,8 @@ class _Planner:
                                 "across shards, SELECT DISTINCT orders by output positions only (ORDER BY 1, 2)"
                             )
                         name = f"__vigil_o{i}"
-                        node["select_list"].append({**copy.deepcopy(order["expression"]), "alias": name})
+                        key = self._aliased(order["expression"], node["select_list"])
+                        node["select_list"].append({**copy.deepcopy(key), "alias": name})
                         hidden.append(name)
                         target = _quote(name)
                     order_sql.append(target + self._direction(order))
@@ -263,9 +228,21 @@ class _Planner:
         return ShardPlan(self.with_node(node), merge, "rows", shard_limit_follows_user=True)
 
     @staticmethod
+    def _aliased(expr: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
+        """What an ORDER BY expression orders by: a bare name is an item's alias before it is a column (the
+        hidden column must not read the column that alias shadows)."""
+        if expr.get("class") == "COLUMN_REF" and len(expr["column_names"]) == 1:
+            for item in items:
+                if item.get("alias") == expr["column_names"][0]:
+                    return {**item, "alias": ""}
+        return expr
+
+    @staticmethod
     def _direction(order: dict[str, Any]) -> str:
         text = {"DESCENDING": " DESC", "ASCENDING": " ASC"}.get(order["type"], "")
-        return text + {"NULLS_FIRST": " NULLS FIRST", "NULLS_LAST": " NULLS LAST"}.get(order["null_order"], "")
+        # DuckDB's tree writes the null order as its SQL ("NULLS FIRST"), or ORDER_DEFAULT.
+        null_order = str(order["null_order"]).replace("_", " ")
+        return text + (f" {null_order}" if null_order in ("NULLS FIRST", "NULLS LAST") else "")
 
     def _limit(self, mod: dict[str, Any]) -> str:
         """The merge's LIMIT/OFFSET text; the shard's modifier becomes ``LIMIT limit+offset``."""
@@ -273,7 +250,7 @@ class _Planner:
             raise QueryRefusedError("LIMIT by percentage cannot be merged across shards; use a row count")
         limit, offset = mod.get("limit"), mod.get("offset")
         sql = ""
-        shell = _parse(self.con, "SELECT 1")["statements"][0]["node"]
+        shell = parse(self.con, "SELECT 1")["statements"][0]["node"]
         if limit is not None:
             shell["select_list"] = [{**limit, "alias": ""}]
             sql += " LIMIT " + self.with_node(shell).removeprefix("SELECT ")
@@ -302,24 +279,41 @@ class _Planner:
         else:
             groups = [self._group_expr(g, items) for g in node.get("group_expressions") or []]
             group_sets = node.get("group_sets") or []
-        self.groups = {_key(g): i for i, g in enumerate(groups)}
+        self.groups = {node_key(g): i for i, g in enumerate(groups)}
+        self.group_names: dict[str, list[int]] = {}
+        for i, g in enumerate(groups):
+            if g.get("class") == "COLUMN_REF":
+                self.group_names.setdefault(g["column_names"][-1], []).append(i)
+        # A GROUP BY name that is also an item's alias is bound by each shard's DuckDB as the oracle binds it
+        # (a column of that name first, else the item): the item goes first under its alias, so the name
+        # can reach it, and its value is shipped, since the merge cannot tell which of the two it was.
+        lateral = self._aliased_items(groups, items)
+        self.shipped = {node_key(item): _quote(item["alias"]) for item in lateral}
         self.inner = inner
         self.shard_items: list[dict[str, Any]] = [
-            {**copy.deepcopy(g), "alias": f"__vigil_g{i}"} for i, g in enumerate(groups)
+            *(copy.deepcopy(item) for item in lateral),
+            *({**copy.deepcopy(g), "alias": f"__vigil_g{i}"} for i, g in enumerate(groups)),
+        ]
+        # An integer constant in GROUP BY would read as a position: the shard groups by its column's position.
+        shard_groups = [
+            self.expr(str(len(lateral) + i + 1)) if g.get("class") == "CONSTANT" else g for i, g in enumerate(groups)
         ]
         self.inner_keys: dict[str, str] = {}
         self.duplicate_blind = True
         merged_items = [{**self._rw(item), "alias": self.name_of(item)} for item in items]
         having = self._rw(node["having"]) if node.get("having") is not None else None
+        outputs = {str(item["alias"]) for item in merged_items}
         mods = []
         for mod in node["modifiers"]:
             mod = copy.deepcopy(mod)
             if mod["type"] == "ORDER_MODIFIER":
                 for order in mod["orders"]:
-                    order["expression"] = self._rw(order["expression"])
+                    # ORDER BY binds a bare name to an output column first, as the merge does: left as written.
+                    if not self._output_name(order["expression"], outputs):
+                        order["expression"] = self._rw(order["expression"])
             mods.append(mod)
 
-        if _has_class([merged_items, having, mods], frozenset({"SUBQUERY"})):
+        if has_class([merged_items, having, mods], frozenset({"SUBQUERY"})):
             raise QueryRefusedError(
                 "a subquery outside the GROUP BY keys and aggregate arguments would run over the merged answer; "
                 "move it into a GROUP BY key or a subquery in FROM"
@@ -329,13 +323,13 @@ class _Planner:
         shard["modifiers"] = []
         shard["having"] = None
         shard["aggregate_handling"] = "STANDARD_HANDLING"
-        shard["group_expressions"] = groups
+        shard["group_expressions"] = shard_groups
         shard["group_sets"] = group_sets
         if inner:
             shard["group_expressions"], shard["group_sets"] = [], []
             if self.duplicate_blind:
                 shard["modifiers"] = [{"type": "DISTINCT_MODIFIER", "distinct_on_targets": []}]
-        merge = copy.deepcopy(_parse(self.con, f"SELECT 1 FROM {self.source}")["statements"][0]["node"])
+        merge = copy.deepcopy(parse(self.con, f"SELECT 1 FROM {self.source}")["statements"][0]["node"])
         merge["select_list"] = merged_items
         merge["group_expressions"] = [self.expr(_quote(f"__vigil_g{i}")) for i in range(len(groups))]
         merge["group_sets"] = group_sets
@@ -343,20 +337,42 @@ class _Planner:
         merge["modifiers"] = mods
         tree = copy.deepcopy(self.tree)
         tree["statements"][0]["node"] = merge
-        merge_sql = _to_sql(self.con, tree)
+        merge_sql = to_sql(self.con, tree)
         return ShardPlan(self.with_node(shard), merge_sql, "inner" if inner else "partial", False)
 
     def _group_expr(self, g: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
-        """A GROUP BY entry as an expression: ``GROUP BY 1`` and ``GROUP BY alias`` name select items."""
-        position = _is_int(g)
+        """A GROUP BY entry as an expression: ``GROUP BY 1`` names a select item; a name stays a name (it may
+        be a column or an item's alias: see :meth:`_aliased_items`)."""
+        position = is_int(g)
         if position is not None and 1 <= position <= len(items):
             return {**copy.deepcopy(items[position - 1]), "alias": ""}
-        if g.get("class") == "COLUMN_REF" and len(g["column_names"]) == 1:
-            for item in items:
-                same = item.get("class") == "COLUMN_REF" and item["column_names"][-1] == g["column_names"][0]
-                if item.get("alias") == g["column_names"][0] and not same:
-                    return {**copy.deepcopy(item), "alias": ""}
         return g
+
+    @staticmethod
+    def _aliased_items(groups: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The select items whose alias a GROUP BY entry names, when the item is not that very column."""
+        names = {g["column_names"][0] for g in groups if g.get("class") == "COLUMN_REF" and len(g["column_names"]) == 1}
+        out = []
+        for item in items:
+            same = item.get("class") == "COLUMN_REF" and item["column_names"][-1] == item.get("alias")
+            if item.get("alias") in names and not same:
+                out.append(item)
+        return out
+
+    @staticmethod
+    def _output_name(expr: dict[str, Any], outputs: set[str]) -> bool:
+        return (
+            expr.get("class") == "COLUMN_REF" and len(expr["column_names"]) == 1 and expr["column_names"][0] in outputs
+        )
+
+    def _group_index(self, node: dict[str, Any]) -> int | None:
+        """Which group key ``node`` is: the same expression, or the same column named with or without its table
+        (a valid query names one column so when only one group key has that name)."""
+        index = self.groups.get(node_key(node))
+        if index is None and node.get("class") == "COLUMN_REF":
+            same_name = self.group_names.get(node["column_names"][-1], [])
+            index = same_name[0] if len(same_name) == 1 else None
+        return index
 
     def _rw(self, node: Any) -> Any:
         """``node`` as the merge query sees it: group keys and aggregates replaced by partials' columns."""
@@ -365,7 +381,10 @@ class _Planner:
         if not isinstance(node, dict):
             return node
         if node.get("class") is not None:
-            index = self.groups.get(_key(node))
+            shipped = self.shipped.get(node_key(node))
+            if shipped is not None:  # one value per group: any shard's
+                return {**self.expr(f"any_value({shipped})"), "alias": node.get("alias", "")}
+            index = self._group_index(node)
             if index is not None:
                 return {**self.expr(_quote(f"__vigil_g{index}")), "alias": node.get("alias", "")}
             if node.get("class") == "FUNCTION" and self._is_aggregate(node["function_name"]):
@@ -407,7 +426,7 @@ class _Planner:
         def column(expr: dict[str, Any]) -> dict[str, Any]:
             if expr.get("class") == "CONSTANT":  # a separator, a quantile: stays a constant
                 return expr
-            key = _key(expr)
+            key = node_key(expr)
             if key not in self.inner_keys:
                 self.inner_keys[key] = self._shard_column(expr, "x")
             return self.expr(self.inner_keys[key])
