@@ -50,6 +50,10 @@ from trainvigil.schemas.inputs import InputRefusedError, open_input
 
 FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
+_ONE_THREAD: dict[str, bool] = {"use_threads": False, "pre_buffer": False}
+"""Parquet read on the calling thread: a recording is small, and a reader thread of Arrow's pools still alive
+at interpreter exit aborts the process ("terminate called without an active exception", exit -6) once in a
+few runs on a busy machine, after the answer was printed."""
 _SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf}
 _NON_FINITE["-infinity"] = -math.inf
@@ -103,7 +107,7 @@ def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
                 )
                 table = pa_csv.read_csv(f, convert_options=options)
             elif fmt == "parquet":
-                table = pq.read_table(f)
+                table = pq.read_table(f, **_ONE_THREAD)
             else:
                 table = _read_jsonl(Path(path), f)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
@@ -406,7 +410,7 @@ def read_directory(path: Path) -> tuple[pa.Table, list[tuple[Source, RunRecord]]
     ``heartbeats.parquet`` (``vigil export`` of each table, or a corpus run)."""
     steps = read_recording(path / "steps.parquet", "parquet")
     files = {name: path / f"{name}.parquet" for name in ("events", "heartbeats")}
-    tables = {name: pq.read_table(file) for name, file in files.items() if file.is_file()}
+    tables = {name: pq.read_table(file, **_ONE_THREAD) for name, file in files.items() if file.is_file()}
     return steps, read_records(tables.get("events"), tables.get("heartbeats"))
 
 

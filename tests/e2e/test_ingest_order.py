@@ -8,6 +8,7 @@ lost in flight comes back after ``ack_wait``, behind newer ones.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import subprocess
@@ -395,6 +396,11 @@ def test_messages_evicted_by_the_streams_limits_become_data_loss_rows(
     assert _file(data, "select last_seq from ingest_offsets") == [(55,)]
 
 
+def _logged_after(daemon: Daemon, first: str, then: str) -> bool:
+    """Whether the daemon's log has ``then`` after its first ``first``."""
+    return then in daemon.log.read_text().partition(first)[2]
+
+
 def test_a_recreated_stream_is_followed_from_its_first_message_and_the_unknowable_part_recorded(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
@@ -403,7 +409,10 @@ def test_a_recreated_stream_is_followed_from_its_first_message_and_the_unknowabl
     data_loss row and stores every message of the new stream."""
     with _live(nats_server.url, tmp_path, "rec", 1, 10) as daemon:
         _js(nats_server.url, "delete_stream", STREAM.name)
-        wait_for(lambda: '"stream_missing"' in daemon.log.read_text(), 20, "the daemon to recreate the stream")
+        wait_for(lambda: '"stream_missing"' in daemon.log.read_text(), 20, "the daemon to find the stream gone")
+        # The daemon, not this test's producer, makes the new stream (its own stream_created after the miss).
+        after_miss = functools.partial(_logged_after, daemon, '"stream_missing"', '"stream_created"')
+        wait_for(after_miss, 20, "the daemon to create the stream again")
         _publish(nats_server.url, "rec", 1, 3, 100, first=10)
         wait_for(lambda: _rows(daemon, "rec") == (1300, 1300), 30, "the new stream's messages")
         wait_for(lambda: _healthz(daemon.http_port)["status"] == "ok", 20, "/healthz to recover")
