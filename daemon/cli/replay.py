@@ -51,9 +51,10 @@ from trainvigil.schemas.inputs import InputRefusedError, open_input
 FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
 _ONE_THREAD: dict[str, bool] = {"use_threads": False, "pre_buffer": False}
-"""Parquet read on the calling thread: a recording is small, and a reader thread of Arrow's pools still alive
-at interpreter exit aborts the process ("terminate called without an active exception", exit -6) once in a
-few runs on a busy machine, after the answer was printed."""
+"""Parquet read on the calling thread. Arrow opens the path itself, never a Python file object or
+buffer: Arrow's wrapper of a Python object, released on one of its own threads while the interpreter
+finalises, takes the GIL, is exited by Python and aborts the process ("terminate called without an active
+exception", exit -6) after the answer was printed, once in a few runs on a busy machine."""
 _SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf}
 _NON_FINITE["-infinity"] = -math.inf
@@ -107,7 +108,7 @@ def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
                 )
                 table = pa_csv.read_csv(f, convert_options=options)
             elif fmt == "parquet":
-                table = pq.read_table(f, **_ONE_THREAD)
+                table = pq.read_table(str(path), **_ONE_THREAD)
             else:
                 table = _read_jsonl(Path(path), f)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
