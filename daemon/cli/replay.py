@@ -26,6 +26,7 @@ import io
 import itertools
 import json
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -51,10 +52,7 @@ from trainvigil.schemas.inputs import InputRefusedError, open_input
 FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
 _ONE_THREAD: dict[str, bool] = {"use_threads": False, "pre_buffer": False}
-"""Parquet read on the calling thread. Arrow opens the path itself, never a Python file object or
-buffer: Arrow's wrapper of a Python object, released on one of its own threads while the interpreter
-finalises, takes the GIL, is exited by Python and aborts the process ("terminate called without an active
-exception", exit -6) after the answer was printed, once in a few runs on a busy machine."""
+"""Parquet read on the calling thread (a recording is small)."""
 _SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf}
 _NON_FINITE["-infinity"] = -math.inf
@@ -106,9 +104,9 @@ def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
                 options = pa_csv.ConvertOptions(
                     null_values=[""], strings_can_be_null=True, column_types={"run_id": pa.string()}
                 )
-                table = pa_csv.read_csv(f, convert_options=options)
+                table = pa_csv.read_csv(pa.BufferReader(_in_arrow_memory(f)), convert_options=options)
             elif fmt == "parquet":
-                table = pq.read_table(str(path), **_ONE_THREAD)
+                table = pq.read_table(pa.BufferReader(_in_arrow_memory(f)), **_ONE_THREAD)
             else:
                 table = _read_jsonl(Path(path), f)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
@@ -117,6 +115,23 @@ def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
     if not table.num_rows:
         raise ReplayError(f"{path} has no rows (a header only?); record some steps first")
     return table
+
+
+def _in_arrow_memory(f: BinaryIO) -> pa.Buffer:
+    """All of ``f`` (the descriptor :func:`open_input` checked) in a buffer Arrow allocated and owns.
+
+    Arrow's readers are never handed a Python file or ``bytes``: Arrow wraps either in an object whose
+    release takes the GIL, and released on one of Arrow's threads while the interpreter finalises, it is
+    exited by Python and aborts the process ("terminate called without an active exception", exit -6) after
+    the answer was printed, once in a few runs on a busy machine.
+    """
+    fd = f.fileno()
+    buffer = pa.allocate_buffer(os.fstat(fd).st_size)
+    with memoryview(buffer) as view:
+        filled = 0
+        while filled < len(view) and (n := os.preadv(fd, [view[filled:]], filled)):
+            filled += n
+    return buffer.slice(0, filled)
 
 
 def _json_cell(value: object) -> object:
