@@ -8,6 +8,9 @@ import sys
 from trainvigil.daemon.cli._config import add_config
 from trainvigil.daemon.cli._exits import EXIT_OK
 
+FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
+"""The recording formats ``vigil replay`` reads; ``--format`` picks one when the file name does not tell."""
+
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay = sub.add_parser(
@@ -18,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "update. No broker or daemon needed.",
     )
     replay.add_argument("file", help="the recording")
-    replay.add_argument("--format", choices=["csv", "parquet", "jsonl"], help="default: from the file name")
+    replay.add_argument("--format", choices=FORMATS, help="default: from the file name")
     add_config(replay, "TOML configuration file (its [detectors.*] tables)")
     replay.set_defaults(command_run=run)
 

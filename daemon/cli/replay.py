@@ -43,13 +43,13 @@ from trainvigil.daemon import detectors
 from trainvigil.daemon.alerts.format import REPLAY_FIELDS, as_result
 from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
 from trainvigil.daemon.batch.from_arrays import batch_of, piece, step_columns_of
+from trainvigil.daemon.cli.cmd_replay import FORMATS
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.formatting import render
 from trainvigil.errors import ReplayError
 from trainvigil.schemas import Anomaly, Heartbeat, RunEnd, RunEvent, RunStart, Source
 from trainvigil.schemas.inputs import InputRefusedError, open_input
 
-FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
 _ONE_THREAD: dict[str, bool] = {"use_threads": False, "pre_buffer": False}
 """Parquet read on the calling thread (a recording is small)."""
