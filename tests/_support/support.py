@@ -317,8 +317,22 @@ def stat_fields(pid: int) -> list[str]:
 
 
 def gone(pid: int) -> bool:
-    """No such process, or only its zombie waiting for whoever adopted it."""
+    """No such process, or only its zombie waiting for whoever adopted it.
+
+    A zombie leader is not enough: a killed multi-threaded process (nats-server's Go runtime) shows ``Z`` for its
+    leader while its other threads are still exiting, and those still hold its sockets open. Gone is when every
+    thread is a zombie or has left.
+    """
     try:
-        return stat_fields(pid)[0] == "Z"
+        if stat_fields(pid)[0] != "Z":
+            return False
+        threads = os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
         return True
+    for tid in threads:
+        try:
+            if Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                return False
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return True

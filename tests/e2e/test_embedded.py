@@ -23,7 +23,7 @@ def _nats_child(pid: int) -> int | None:
         try:
             if "nats-server" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
                 return child
-        except FileNotFoundError:
+        except OSError:  # it left between the listing and the read (ENOENT, or ESRCH mid-read)
             continue
     return None
 

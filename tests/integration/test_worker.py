@@ -415,6 +415,9 @@ async def _create_stream(url: str) -> None:
 def test_agent_flush_against_a_real_broker_and_after_close(private_nats_server: NatsServer, tmp_path: Path) -> None:
     asyncio.run(_create_stream(private_nats_server.url))
     agent = trainvigil.init(run_id="flush", nats_url=private_nats_server.url, spill_dir=tmp_path, flush_interval=3600)
+    # flush() is also True once the steps are on the spill file while the broker is away: a connection that did not
+    # open in time on a loaded machine would make that the case tested, so the broker is reached first.
+    wait_for(lambda: agent.stats()["connected"], 30, "the agent to reach the broker")
     for step in range(5000):
         agent.log(step, loss=1.0)
     assert agent.flush(30)
