@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "AgentOptions", "init"]
 
 # Loaded on first use, not with the package: a process that imports one of the agent's modules (the CLI
-# imports ``verify`` and ``push``) does not load the agent's worker and transport with it.
+# imports ``verify`` and ``spill.push``) does not load the agent's worker and transport with it.
 _LAZY_NAMES = {"Agent": ".agent", "init": ".agent", "AgentOptions": ".options"}
 
 

@@ -2,7 +2,7 @@
 
 Hot-path rule: ``log()`` and ``event()`` only append to a bounded deque. They never block
 on the network and never raise into the training loop; everything else happens on the
-:class:`~trainvigil.agents.worker.Worker` thread.
+:class:`~trainvigil.agents.transport.worker.Worker` thread.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from . import _crash, _current, _sigterm, faults
 from ._drops import Drops
 from ._redact import redact_argv
 from ._values import clean_fields, make_event, wire_text
-from .columnar import Entry
 from .gil import GilResult, GilSampler
 from .options import AgentOptions, announce_run_id, resolve
-from .worker import Worker
+from .transport.columnar import Entry
+from .transport.worker import Worker
 
 log = logging.getLogger("trainvigil.agent")
 

@@ -119,7 +119,7 @@ class AgentOptions(_Fields, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         max_inflight: messages published before waiting for their acknowledgements.
         retry_wait_initial, retry_wait_max: an unacknowledged publish is tried again after
             ``retry_wait_initial`` seconds, doubling up to ``retry_wait_max``; a broker that is away
-            is tried again every :data:`~.publisher.RECONNECT_WAIT_S`.
+            is tried again every :data:`~trainvigil.agents.transport.publisher.RECONNECT_WAIT_S`.
         close_timeout: the deadline ``close()`` gets at interpreter exit.
         flush_on_sigterm: ``SIGTERM`` exits through Python (code 143) so the agent flushes first, and a rank
             stuck in C code still dies of it (see :mod:`._sigterm`); off: ``SIGTERM`` keeps its default action.

@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
     import itertools
     import time
 
-    from trainvigil.agents._orphans import LIVE, adopt, adopt_orphans
     from trainvigil.agents.options import DEFAULT_NATS_URL, default_spill_dir
-    from trainvigil.agents.push import FileResult, PushIncompleteError, broker_key, leftovers, push
+    from trainvigil.agents.spill._orphans import LIVE, adopt, adopt_orphans
+    from trainvigil.agents.spill.push import FileResult, PushIncompleteError, broker_key, leftovers, push
     from trainvigil.errors import ConfigError
     from trainvigil.schemas.credentials import BusAccess
 

@@ -70,7 +70,7 @@ def test_a_fleet_message_is_what_the_agent_would_send_for_the_same_steps() -> No
     import numpy as np
     from fleet import ProducerReport, _Rank, step_message
 
-    from trainvigil.agents.columnar import build_step_batch
+    from trainvigil.agents.transport.columnar import build_step_batch
     from trainvigil.schemas import Envelope, StepBatch, decode
 
     spec = FleetSpec(runs=1, ranks_per_run=8, producers=1, nan_from=0.0, nan_every=1.0, straggler_at=0.0)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from support import Daemon, NatsServer, wait_for
 
-from trainvigil.agents.columnar import _to_floats
+from trainvigil.agents.transport.columnar import _to_floats
 
 if TYPE_CHECKING:  # JAX takes seconds to import and every test process collects every module: tests import it
     import jax

@@ -1,5 +1,5 @@
-"""The agent's JetStream publishing (``agents/acks.py``: ``AckInbox``, ``publish_round``) against a real nats-server:
-acks in order, a refusal and a missing stream named, a silent broker timed out, nothing left waiting."""
+"""The agent's JetStream publishing (``agents/transport/acks.py``: ``AckInbox``, ``publish_round``) against a real
+nats-server: acks in order, a refusal and a missing stream named, a silent broker timed out, nothing left waiting."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import nats
 import pytest
 from support import NatsServer
 
-from trainvigil.agents.acks import AckInbox, NoStreamError, PubAck, StreamRefusedError, publish_round
-from trainvigil.agents.outbox import OutMsg
+from trainvigil.agents.spill.outbox import OutMsg
+from trainvigil.agents.transport.acks import AckInbox, NoStreamError, PubAck, StreamRefusedError, publish_round
 
 SUBJECT = "acks.test"
 

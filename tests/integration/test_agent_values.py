@@ -27,10 +27,11 @@ from hypothesis.extra import numpy as hnp
 from support import NatsServer, wait_for
 
 import trainvigil
-from trainvigil.agents import Agent, columnar
-from trainvigil.agents import batcher as worker_module
+from trainvigil.agents import Agent
 from trainvigil.agents._values import MAX_ITEMS, make_event
-from trainvigil.agents.columnar import Entry, StepBatchBuilder, _to_floats, build_step_batch
+from trainvigil.agents.transport import batcher as worker_module
+from trainvigil.agents.transport import columnar
+from trainvigil.agents.transport.columnar import Entry, StepBatchBuilder, _to_floats, build_step_batch
 from trainvigil.daemon.broker.jetstream import ensure_stream
 from trainvigil.daemon.config import StreamConfig
 from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, RunEvent, RunStart, StepBatch, decode, run_token

@@ -20,8 +20,8 @@ from nats.aio.msg import Msg
 from support import AuthBroker, SecuredDaemon, ShardDaemon, secured_shard, vigil, wait_for
 
 from trainvigil.agents.options import AgentOptions
-from trainvigil.agents.outbox import OutMsg
-from trainvigil.agents.publisher import NatsPublisher
+from trainvigil.agents.spill.outbox import OutMsg
+from trainvigil.agents.transport.publisher import NatsPublisher
 from trainvigil.daemon.broker.ratelimit import Buckets, Tally
 from trainvigil.daemon.broker.replies import asker_of, inbox_prefixes
 from trainvigil.daemon.config import StreamConfig

@@ -12,7 +12,7 @@ from inprocess import InProcessDaemon
 UNWANTED = [
     "torch",
     "trainvigil.agents.agent",
-    "trainvigil.agents.worker",
+    "trainvigil.agents.transport.worker",
     "starlette",
     "uvicorn",
     "aiohttp",

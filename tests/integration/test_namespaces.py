@@ -20,8 +20,8 @@ from follower import Follower
 from support import Daemon, NatsServer, finish, run_producer, vigil, wait_for
 
 import trainvigil
-from trainvigil.agents.outbox import OutMsg, frame, write_sealed
-from trainvigil.agents.push import broker_key
+from trainvigil.agents.spill.outbox import OutMsg, frame, write_sealed
+from trainvigil.agents.spill.push import broker_key
 from trainvigil.daemon.broker.holders import unsharded_holder
 from trainvigil.daemon.cli.sqlclient import ask_daemon
 from trainvigil.errors import ConfigError

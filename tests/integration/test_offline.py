@@ -23,9 +23,9 @@ from inprocess import InProcessDaemon
 from support import Daemon, NatsServer, finish, run_producer, wait_for
 
 import trainvigil
-from trainvigil.agents._orphans import adopt, adopt_orphans
 from trainvigil.agents.options import AgentOptions, default_spill_dir
-from trainvigil.agents.outbox import (
+from trainvigil.agents.spill._orphans import adopt, adopt_orphans
+from trainvigil.agents.spill.outbox import (
     Outbox,
     OutMsg,
     frame,
@@ -35,7 +35,7 @@ from trainvigil.agents.outbox import (
     sealed_header,
     write_sealed,
 )
-from trainvigil.agents.push import broker_key, push, upload
+from trainvigil.agents.spill.push import broker_key, push, upload
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.daemon.cli.main import EXIT_OK
 from trainvigil.daemon.cli.main import main as vigil_main

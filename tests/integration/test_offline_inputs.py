@@ -20,8 +20,8 @@ import pytest
 from inprocess import InProcessDaemon
 from support import Daemon, NatsServer, vigil, wait_for
 
-from trainvigil.agents.outbox import OutMsg, frame, sealed_header, write_sealed
-from trainvigil.agents.push import broker_key
+from trainvigil.agents.spill.outbox import OutMsg, frame, sealed_header, write_sealed
+from trainvigil.agents.spill.push import broker_key
 from trainvigil.daemon.broker.embedded import free_port
 from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, RunEvent, Source, encode
 

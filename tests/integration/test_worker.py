@@ -18,13 +18,13 @@ from support import NatsServer, wait_for
 
 import trainvigil
 from trainvigil.agents._drops import Drops
-from trainvigil.agents._pacing import Pacer
-from trainvigil.agents.batcher import CHUNK, MAX_PAYLOAD, Batcher
-from trainvigil.agents.columnar import Entry
 from trainvigil.agents.options import AgentOptions
-from trainvigil.agents.outbox import Outbox, OutMsg, read_frame, read_sealed_header
-from trainvigil.agents.push import FileResult
-from trainvigil.agents.worker import Worker
+from trainvigil.agents.spill.outbox import Outbox, OutMsg, read_frame, read_sealed_header
+from trainvigil.agents.spill.push import FileResult
+from trainvigil.agents.transport._pacing import Pacer
+from trainvigil.agents.transport.batcher import CHUNK, MAX_PAYLOAD, Batcher
+from trainvigil.agents.transport.columnar import Entry
+from trainvigil.agents.transport.worker import Worker
 from trainvigil.schemas import DEFAULT_SUBJECTS, Envelope, Heartbeat, Record, RunEvent, Source, StepBatch, decode
 
 SOURCE = Source(run_id="w", rank=0, world_size=1, local_rank=0, host="h", pid=1)

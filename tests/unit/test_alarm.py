@@ -1,4 +1,5 @@
-"""The worker's wake-up alarm (``agents/_alarm.py``): a timed sleep that a ring, from any thread, ends early."""
+"""The worker's wake-up alarm (``agents/transport/_alarm.py``): a timed sleep that a ring, from any thread,
+ends early."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from trainvigil.agents._alarm import Alarm
+from trainvigil.agents.transport._alarm import Alarm
 
 
 @pytest.mark.serial

@@ -22,7 +22,7 @@ HEAVY = [
     "starlette",
     "uvicorn",
     "trainvigil.agents.agent",
-    "trainvigil.agents.worker",
+    "trainvigil.agents.transport.worker",
     "trainvigil.daemon.app",
     "trainvigil.daemon.config",
     "trainvigil.daemon.store",

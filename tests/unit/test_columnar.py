@@ -1,4 +1,5 @@
-"""Columnar packing of logged steps (``agents/columnar.py``): masks, bad values and steps counted, chunks and splits."""
+"""Columnar packing of logged steps (``agents/transport/columnar.py``): masks, bad values and steps counted,
+chunks and splits."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from trainvigil.agents.columnar import Entry, StepBatchBuilder, build_step_batch, split_step_batch
+from trainvigil.agents.transport.columnar import Entry, StepBatchBuilder, build_step_batch, split_step_batch
 from trainvigil.schemas import StepBatch
 
 

@@ -1,10 +1,10 @@
-"""The agent's outbox (``agents/outbox.py``): FIFO across memory and spill file, byte limits, event counts."""
+"""The agent's outbox (``agents/spill/outbox.py``): FIFO across memory and spill file, byte limits, event counts."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from trainvigil.agents.outbox import Outbox, OutMsg, sealed_header
+from trainvigil.agents.spill.outbox import Outbox, OutMsg, sealed_header
 
 
 def _msg(i: int, payload_size: int = 20, events: int = 1) -> OutMsg:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainvigil.agents._spill_check import foreign_frame
 from trainvigil.agents.options import resolve
-from trainvigil.agents.outbox import OutMsg, frame, read_sealed_header, write_sealed
+from trainvigil.agents.spill._spill_check import foreign_frame
+from trainvigil.agents.spill.outbox import OutMsg, frame, read_sealed_header, write_sealed
 from trainvigil.daemon import config as config_mod
 from trainvigil.daemon.broker.auth import permissions
 from trainvigil.daemon.canary.environment import base_env, job_env

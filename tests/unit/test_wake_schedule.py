@@ -1,8 +1,9 @@
-"""The agent thread's wake-up and flush schedule (``agents/_schedule.py``), driven by a fake clock: plain floats."""
+"""The agent thread's wake-up and flush schedule (``agents/transport/_schedule.py``), driven by a fake clock:
+plain floats."""
 
 from __future__ import annotations
 
-from trainvigil.agents._schedule import WakeSchedule
+from trainvigil.agents.transport._schedule import WakeSchedule
 
 FLUSH = 1.0
 HEARTBEAT = 5.0

@@ -1,7 +1,7 @@
 """Delivering sealed spill files: what runs that ended without a broker left in their spill directory.
 
 Two callers share this: the next agent on the machine (on its worker thread, through its own
-connection, see :class:`~trainvigil.agents.worker.Worker`) and ``vigil push`` (:func:`push`).
+connection, see :class:`~trainvigil.agents.transport.worker.Worker`) and ``vigil push`` (:func:`push`).
 A file is claimed with an exclusive ``flock`` first, so two uploaders never send the same file
 at once; it is removed only once JetStream acknowledged every message in it. After each round,
 the file's delivered mark (:func:`~.outbox.mark_delivered`) moves past what was acknowledged, so an
@@ -39,8 +39,8 @@ from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
+from ..transport.acks import AckInbox, JetStream, publish_round
 from ._spill_check import foreign_frame
-from .acks import AckInbox, JetStream, publish_round
 from .outbox import OutMsg, copy_range, mark_delivered, read_frame, read_sealed_header, write_sealed
 
 SUFFIX = ".spill"

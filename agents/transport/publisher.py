@@ -19,10 +19,10 @@ from trainvigil.schemas.natsurl import parse_nats_url
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import quiet_backoff
 
+from ..options import AgentOptions
+from ..spill.outbox import OutMsg
+from ..spill.push import FileResult, upload
 from .acks import AckInbox, publish_round
-from .options import AgentOptions
-from .outbox import OutMsg
-from .push import FileResult, upload
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -63,7 +63,8 @@ class Publisher(Protocol):
         ...
 
     async def deliver_file(self, path: Path, only_for: str) -> FileResult:
-        """Deliver the sealed spill file at ``path`` if it is meant for broker ``only_for`` (see :mod:`.push`)."""
+        """Deliver the sealed spill file at ``path`` if it is meant for broker ``only_for``
+        (see :mod:`trainvigil.agents.spill.push`)."""
         ...
 
 

@@ -10,7 +10,7 @@ collects them (nats-py renews it after a reconnect), ``<inbox>.*`` under this co
 prefix (``_INBOX.<user>.<connection>``, see :mod:`trainvigil.schemas.credentials`), never the user's
 ``_INBOX.<user>.>``: an agent handles its own acks only. A round (:func:`publish_round`) sends up to
 ``max_inflight`` messages pipelined and waits for their acks: the agent's live publishing and the upload of
-sealed files (:mod:`.push`) alike.
+sealed files (:mod:`trainvigil.agents.spill.push`) alike.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
     from nats.aio.subscription import Subscription
 
-    from .outbox import OutMsg
+    from ..spill.outbox import OutMsg
 
 NO_RESPONDERS = "503"
 """The status of the reply the server sends when no stream takes the subject."""

@@ -23,10 +23,10 @@ from trainvigil.schemas import Envelope, Record, Source, StepBatch, encode
 from trainvigil.schemas.kinds import RECORD_KINDS
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Kind, Subjects
 
-from ._drops import Drops
-from ._values import MetricNames, describe
+from .._drops import Drops
+from .._values import MetricNames, describe
+from ..spill.outbox import OutMsg
 from .columnar import Entry, StepBatchBuilder, split_step_batch
-from .outbox import OutMsg
 
 CHUNK = 256
 """Entries packed per slice of worker time: well under 1 ms of GIL per slice."""

@@ -23,8 +23,8 @@ import numpy as np
 from trainvigil.schemas import Column, StepBatch
 from trainvigil.schemas.limits import MAX_NAME
 
-from ._drops import DESCRIBED
-from ._values import SCALAR_TYPES, array_reader, as_float, as_step, describe, utf8
+from .._drops import DESCRIBED
+from .._values import SCALAR_TYPES, array_reader, as_float, as_step, describe, utf8
 
 Entry = tuple[Any, float, dict[str, Any]]
 """What ``log()`` appends: (step, Unix time, metrics as passed)."""

@@ -9,7 +9,7 @@ the flush timer until ``log()`` wakes it at the next step (sealed a flush interv
 idle or slow loop's agent wakes per heartbeat, not several times a second. When it wakes and what
 each pass is due to do is a pure :class:`~._schedule.WakeSchedule`; this module does the work.
 It turns the buffers into messages with a :class:`~.batcher.Batcher` (pure), keeps them in an
-:class:`~.outbox.Outbox` (memory, then spill file) and publishes the outbox in order through a
+:class:`~trainvigil.agents.spill.outbox.Outbox` (memory, then spill file) and publishes the outbox in order through a
 :class:`~.publisher.Publisher`, ``max_inflight`` messages per round trip, dropping from it only what
 the broker acknowledged. A stalled round is retried with the waits of the one retry policy, silently
 (:func:`trainvigil.schemas.settings.quiet_backoff`), and until a round goes through, what is held is kept
@@ -22,8 +22,8 @@ every ~0.5 ms, so ``log()`` never waits for a whole batch to be encoded.
 Without a broker nothing is lost at exit either: the first failed connect is logged once, and
 what is undelivered when ``close()`` ends is sealed into a file in the spill directory. Once
 connected, this thread also delivers the sealed files earlier runs left there for the same
-broker (:mod:`.push`), beside its own messages, and first seals the spill files of agents that
-were killed (:mod:`._orphans`).
+broker (:mod:`trainvigil.agents.spill.push`), beside its own messages, and first seals the spill
+files of agents that were killed (:mod:`trainvigil.agents.spill._orphans`).
 
 No value and no failure ends this thread: what cannot be packed, encoded or held is dropped and
 counted by reason (the first few are logged by name), an unexpected exception is logged once per
@@ -47,19 +47,19 @@ from trainvigil.schemas.limits import MAX_NAME
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.settings import quiet_backoff
 
+from .._drops import Drops
+from .._stuck import StuckProbe
+from .._values import as_step, wire_text
+from ..options import AgentOptions
+from ..spill._orphans import LIVE, adopt_orphans
+from ..spill.outbox import Outbox, OutMsg, SpillError
+from ..spill.push import SUFFIX, broker_key, leftovers, sealed_name
 from ._alarm import Alarm
-from ._drops import Drops
-from ._orphans import LIVE, adopt_orphans
 from ._pacing import Pacer
 from ._schedule import WakeSchedule
-from ._stuck import StuckProbe
-from ._values import as_step, wire_text
 from .batcher import Batcher
 from .columnar import Entry
-from .options import AgentOptions
-from .outbox import Outbox, OutMsg, SpillError
 from .publisher import NatsPublisher, Publisher
-from .push import SUFFIX, broker_key, leftovers, sealed_name
 
 log = logging.getLogger("trainvigil.agent")
 
