@@ -7,9 +7,7 @@ import sys
 
 from trainvigil.daemon.cli._config import add_config
 from trainvigil.daemon.cli._exits import EXIT_OK
-
-FORMATS: tuple[str, ...] = ("csv", "parquet", "jsonl")
-"""The recording formats ``vigil replay`` reads; ``--format`` picks one when the file name does not tell."""
+from trainvigil.daemon.cli.recording_format import FORMATS
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

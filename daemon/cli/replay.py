@@ -43,7 +43,7 @@ from trainvigil.daemon import detectors
 from trainvigil.daemon.alerts.format import REPLAY_FIELDS, as_result
 from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
 from trainvigil.daemon.batch.from_arrays import batch_of, piece, step_columns_of
-from trainvigil.daemon.cli.cmd_replay import FORMATS
+from trainvigil.daemon.cli.recording_format import FORMATS, format_of
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.daemon.formatting import render
 from trainvigil.errors import ReplayError
@@ -53,7 +53,6 @@ from trainvigil.schemas.inputs import InputRefusedError, open_input
 REQUIRED: tuple[str, ...] = ("run_id", "rank", "step")
 _ONE_THREAD: dict[str, bool] = {"use_threads": False, "pre_buffer": False}
 """Parquet read on the calling thread (a recording is small)."""
-_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf}
 _NON_FINITE["-infinity"] = -math.inf
 GAP_S = 30.0
@@ -68,16 +67,6 @@ before it is decoded (a decoder recursing 100 000 levels down fails with ``Recur
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 RunRecord: TypeAlias = RunStart | RunEnd | RunEvent | Heartbeat
 """The run records a replay can carry beside the steps (``records=`` of :func:`batches`)."""
-
-
-def format_of(path: str | Path, fmt: str | None = None) -> str:
-    """``fmt``, or the format the file name's suffix implies."""
-    if fmt:
-        return fmt
-    found = _SUFFIXES.get(Path(path).suffix.lower())
-    if found is None:
-        raise ReplayError(f"cannot tell the format of {path} from its name; pass --format {'|'.join(FORMATS)}")
-    return found
 
 
 def read_recording(path: str | Path, fmt: str | None = None) -> pa.Table:
