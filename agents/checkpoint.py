@@ -38,8 +38,8 @@ from trainvigil.schemas import CheckpointDigest
 from trainvigil.schemas.inputs import InputRefusedError, read_input
 
 from . import _current, faults
-from ._fault_hooks import corrupt_saved
 from .digest import StateDigest, digest, leaves
+from .faults.hooks import corrupt_saved
 
 log = logging.getLogger("trainvigil.checkpoint")
 

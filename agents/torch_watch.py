@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from . import faults
-from ._fault_hooks import TrainingFaults
 from ._host_copy import HostScalars, to_host
 from ._parity import Parity
 from .agent import Agent, current_agent, init
+from .faults.hooks import TrainingFaults
 
 log = logging.getLogger("trainvigil.torch")
 

@@ -21,23 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainvigil.daemon.config import CanaryConfig, DaemonConfig
-from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, WORKLOADS
+from trainvigil.schemas.canaries import CLEAN, FAULT_KINDS, FAULTS, WORKLOADS
 
-EXPECTED: dict[str, str] = {
-    "nan_grad": "non_finite",
-    "grad_spike": "grad_spike",
-    "lr_spike": "loss_spike",
-    "slowdown": "slowdown",
-    "straggler": "straggler",
-    "stall": "hang",
-    "ckpt_corrupt": "ckpt_mismatch",
-    "gil": "gil_contention",
-    "kl_explode": "kl_explode",
-    "reward_hack": "reward_hack",
-}
-"""The detector each fault kind must trip. ``stall`` keeps the process alive with heartbeats, which
-is ``hang``'s case (``stall`` is for a rank that went silent)."""
-assert set(EXPECTED) == set(FAULT_KINDS)
+EXPECTED: dict[str, str] = {k.name: k.detector for k in FAULTS.values()}
+"""The detector each fault kind must trip (:attr:`~trainvigil.schemas.canaries.FaultKind.detector`)."""
 
 ALSO: dict[str, frozenset[str]] = {"straggler": frozenset({"slowdown"})}
 """Detectors that may rightly page on a fault besides the expected one (as in the detector evaluation:

@@ -1,16 +1,10 @@
 """Fault injection for canary runs: ``VIGIL_FAULT=<kind>@<step>[,<kind>@<step>]`` breaks real training.
 
-::
-
-    VIGIL_FAULT=nan_grad@50 python train.py     # a NaN gradient at step 50: non_finite must page
-
-Read by ``trainvigil.init()``; applied by ``trainvigil.torch.watch()`` and
-``trainvigil.checkpoint.save``; every injection is a ``fault_injected`` event. Without the
-variable nothing is armed (``armed()`` is ``None``). ``parse`` checks a plan without arming it.
+The public name of :mod:`trainvigil.agents.faults`, whose ``__all__`` this module offers as it is, the same
+objects: ``from trainvigil.faults import parse, armed``. A module of its own because ``trainvigil.faults``
+must import as a module (``import trainvigil.faults``), and mapping the package's folder onto a second name
+would load its plan twice, with two armed states.
 """
 
-from __future__ import annotations
-
-from trainvigil.agents.faults import CANARY_KINDS, ENV, KINDS, Fault, FaultPlan, armed, from_env, parse
-
-__all__ = ["CANARY_KINDS", "ENV", "KINDS", "Fault", "FaultPlan", "armed", "from_env", "parse"]
+from trainvigil.agents.faults import *  # noqa: F403  (the package's __all__ is this module's surface)
+from trainvigil.agents.faults import __all__ as __all__

@@ -18,7 +18,7 @@ from torch_helpers import RecordingAgent, grad_of, linear_weight
 import trainvigil
 from trainvigil import checkpoint, faults
 from trainvigil.agents import faults as plans
-from trainvigil.agents._fault_hooks import GIL_THREADS
+from trainvigil.agents.faults.hooks import GIL_THREADS
 from trainvigil.errors import CheckpointIntegrityError, ConfigError
 
 if TYPE_CHECKING:  # torch is imported where it is used: collecting this module stays light

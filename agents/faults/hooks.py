@@ -1,6 +1,6 @@
 """The armed faults applied to real training: gradient hooks, optimizer-step hooks, the checkpoint file.
 
-Installed only when ``VIGIL_FAULT`` armed a plan (:mod:`.faults`); without one ``watch()`` and
+Installed only when ``VIGIL_FAULT`` armed a plan (:mod:`.plan`); without one ``watch()`` and
 ``checkpoint.save`` install and run nothing of this. Where each fault goes:
 
 * ``nan_grad`` / ``grad_spike``: a hook on the parameters' gradients, run as backward produces them,
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .faults import FaultPlan
+from .plan import FaultPlan
 
 GRAD_FACTOR = 1000.0
 LR_FACTOR = 100.0

@@ -1,17 +1,14 @@
-"""Fault injection: the plan ``VIGIL_FAULT`` arms, read once by ``trainvigil.init()``.
+"""The fault plan ``VIGIL_FAULT`` arms, read once by ``trainvigil.init()``: parsing, which faults fired, and
+the ``fault_injected`` / ``fault_missed`` events that say so.
 
-``VIGIL_FAULT=<kind>@<step>[,<kind>@<step>]`` breaks the real training on purpose (a NaN in a
-gradient, an LR spike, a stalled loop, a corrupt checkpoint...) so that a run proves the chain
-agent → daemon → detectors → alerts still catches it. Nothing is armed without the variable: then
-:func:`armed` is ``None`` and ``watch()`` and ``checkpoint.save`` install nothing. A malformed
-value is a :class:`~trainvigil.errors.ConfigError` at ``init()``, never a silent no-op.
+Nothing is armed without the variable: then :func:`armed` is ``None`` and ``watch()`` and
+``checkpoint.save`` install nothing. A malformed value is a :class:`~trainvigil.errors.ConfigError` at
+``init()``, never a silent no-op. :mod:`.hooks` applies the plan to the optimizer, the gradients and
+the checkpoint file.
 
-This module is the plan (parsing, which faults fired, the ``fault_injected`` / ``fault_missed``
-events); :mod:`._fault_hooks` applies it to the optimizer, the gradients and the checkpoint file.
-
-Three kinds (:data:`CANARY_KINDS`) only make sense inside a canary workload (two ranks, the RL
-learner): a script is refused them unless it called :func:`accept` before ``init()``, which is
-how ``trainvigil.canary``'s workloads say that they apply them.
+The kinds are those of :data:`trainvigil.schemas.canaries.FAULTS`. The workload-only ones (:data:`CANARY_KINDS`) make
+sense only inside a canary workload (two ranks, the RL learner): a script is refused them unless it called
+:func:`accept` before ``init()``, which is how ``trainvigil.canary``'s workloads say that they apply them.
 """
 
 from __future__ import annotations
@@ -26,13 +23,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.canaries import SCRIPT_FAULTS, WORKLOAD_FAULTS
 
 log = logging.getLogger("trainvigil.faults")
 
 ENV = "VIGIL_FAULT"
-KINDS = ("nan_grad", "grad_spike", "lr_spike", "slowdown", "stall", "ckpt_corrupt", "gil")
+KINDS = SCRIPT_FAULTS
 """The kinds any script using ``trainvigil.torch.watch()`` / ``trainvigil.checkpoint.save`` can take."""
-CANARY_KINDS = ("straggler", "kl_explode", "reward_hack")
+CANARY_KINDS = WORKLOAD_FAULTS
 """Kinds that need a canary workload (two ranks, the RL learner): refused in ordinary scripts."""
 _STEP = re.compile(r"[0-9]+")
 _accepted: tuple[str, ...] = ()
@@ -192,6 +190,3 @@ def disarm(plan: FaultPlan) -> None:
     global _armed
     if _armed is plan:
         _armed = None
-
-
-__all__ = ["CANARY_KINDS", "ENV", "KINDS", "Fault", "FaultPlan", "accept", "armed", "from_env", "parse"]
