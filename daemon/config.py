@@ -6,16 +6,19 @@ turned into ``_`` (``stream.max_age_s`` → ``VIGIL_STREAM_MAX_AGE_S``).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
 import msgspec
+from msgspec import Meta
 
 from trainvigil.daemon.detectors import DetectorsConfig
 from trainvigil.errors import ConfigError
@@ -39,31 +42,118 @@ QUERY_ROW_LIMIT = 10_000
 """``query_row_limit``'s default: rows one answer holds unless the request names fewer (or ``--limit`` more)."""
 
 
+def _must(key: str, rule: str, value: object) -> ConfigError:
+    """The error of a setting that breaks its rule: ``KEY (VARIABLE) must be RULE, not VALUE``."""
+    env = env_name(tuple(key.split(".")))
+    return ConfigError(f"{key} ({env}) must be {rule}, not {value!r}", key=key)
+
+
 def _require(key: str, value: object, rule: str, ok: bool) -> None:
-    """A value out of range fails at load, naming its key (msgspec turns this into a ValidationError)."""
+    """A rule that no field's ``Meta`` can say (one across settings, or a value parsed): checked after decoding.
+
+    A ``ConfigError`` is a ``ValueError``, which msgspec turns into a ValidationError naming where it was.
+    """
     if not ok:
-        env = env_name(tuple(key.split(".")))
-        raise ValueError(f"{key} ({env}) must be {rule}, not {value!r}")
+        raise _must(key, rule, value)
 
 
-def _positive(key: str, value: float, most: float = MAX_WAIT_S) -> None:
-    """A duration: > 0 and at most a day (:data:`~trainvigil.schemas.settings.MAX_WAIT_S`) unless ``most`` says."""
-    _require(key, value, f"a number > 0 and <= {most:.0f}", math.isfinite(value) and 0 < value <= most)
-
-
-def _within(key: str, value: float, least: float, most: float, unset: float | None = None) -> None:
+def _within(key: str, value: float, least: float, most: float, unset: float) -> None:
     """``least <= value <= most``, or ``value == unset`` (the setting's "no limit" or "default" value)."""
-    rule = f"a number >= {least:.0f} and <= {most:.0f}" + (f", or {unset:.0f}" if unset is not None else "")
+    rule = f"a number >= {least:.0f} and <= {most:.0f}, or {unset:.0f}"
     _require(key, value, rule, value == unset or (math.isfinite(value) and least <= value <= most))
 
 
-def _port(key: str, value: int, *, lowest: int = 0) -> None:
-    _require(key, value, f"a port number {lowest}-65535", lowest <= value <= 65535)
-
-
-def _name(key: str, value: str) -> None:
+# Per-field limits, as msgspec checks them when it decodes; the description is the rule an error states.
+_Wait = Annotated[float, Meta(gt=0, le=MAX_WAIT_S, description=f"a number > 0 and <= {MAX_WAIT_S:.0f}")]
+"""A duration in seconds: > 0 and at most a day (:data:`~trainvigil.schemas.settings.MAX_WAIT_S`)."""
+_Pause = Annotated[float, Meta(ge=0, le=MAX_WAIT_S, description=f"a number >= 0 and <= {MAX_WAIT_S:.0f}")]
+"""A duration in seconds that may be 0: at most a day."""
+_Count = Annotated[int, Meta(ge=1, le=MAX_COUNT, description=f"a number >= 1 and <= {MAX_COUNT}")]
+"""A count from 1 to :data:`~trainvigil.schemas.settings.MAX_COUNT`."""
+_Size = Annotated[int, Meta(ge=1, le=MAX_BYTES, description=f"a number >= 1 and <= {MAX_BYTES}")]
+"""Bytes, from 1 to :data:`~trainvigil.schemas.settings.MAX_BYTES` (1 PiB)."""
+_Host = Annotated[str, Meta(pattern=r"\S", description="a host name or address")]
+_Buckets = Annotated[int, Meta(ge=1, le=100_000, description="a number >= 1 and <= 100000")]
+"""A query rate limiter's burst and askers: at most 100 000."""
+_Name = Annotated[
     # JetStream names: no whitespace, no subject tokens (. * >), no path separators.
-    _require(key, value, "a name without spaces, '.', '*', '>', '/'", bool(re.fullmatch(r"[^\s.*>/\\]+", value)))
+    str,
+    Meta(pattern=r"^[^\s.*>/\\]+\Z", description="a name without spaces, '.', '*', '>', '/'"),
+]
+
+
+@functools.cache
+def _limited(struct: type[msgspec.Struct]) -> tuple[tuple[str, Any], ...]:
+    """The fields of ``struct`` whose type carries a ``Meta`` limit, with that type."""
+    return tuple((f.name, f.type) for f in msgspec.structs.fields(struct) if _rule_of(f.type) is not None)
+
+
+def _rule_of(field_type: Any) -> str | None:
+    """The rule in words of a field type's ``Meta`` (its description), or ``None`` when it has none."""
+    if get_origin(field_type) is not Annotated:
+        return None
+    return next((m.description for m in get_args(field_type)[1:] if isinstance(m, Meta) and m.description), None)
+
+
+def _check_limits(settings: msgspec.Struct, table: str = "") -> None:
+    """The ``Meta`` limits of ``settings``' fields, checked again: msgspec checks them when it decodes, not when a
+    Struct is built by keyword (in code, or a test), which is held to the same limits here.
+
+    Args:
+        table: the dotted key of ``settings``' table (``stream``, ``canary.jobs``); ``""`` at the top.
+    """
+    for name, field_type in _limited(type(settings)):
+        value = getattr(settings, name)
+        try:
+            msgspec.convert(value, field_type)
+        except msgspec.ValidationError:
+            raise _must(f"{table}.{name}" if table else name, str(_rule_of(field_type)), value) from None
+
+
+_WHERE = re.compile(r" - at `(?P<path>\$[^`]*)`$")
+
+
+def _decode_error(exc: msgspec.ValidationError, tree: Mapping[str, Any]) -> tuple[str, str | None]:
+    """msgspec's error as a setting's: the message and the dotted key it names (``None``: no one key).
+
+    A rule of a ``Meta`` reads as a check's does (``KEY (VARIABLE) must be RULE, not VALUE``); a check's own
+    error (``_require``) and a wrong type keep msgspec's words, where it was included.
+    """
+    if isinstance(exc.__cause__, ConfigError):  # a check after decoding: its message names the key already
+        return str(exc), exc.__cause__.key
+    found = _WHERE.search(str(exc))
+    if found is None:
+        return str(exc), None
+    steps = re.findall(r"\.(\w+)|\[(\d+)\]", found["path"])
+    key = ".".join(name for name, _ in steps if name)
+    problem = str(exc)[: found.start()]
+    field_type, value = _field_at(DaemonConfig, tree, steps)
+    rule = _rule_of(field_type)
+    if rule is None or ", got " in problem or not problem.startswith("Expected"):
+        return str(exc), key or None
+    base = get_args(field_type)[0]
+    with contextlib.suppress(msgspec.ValidationError):  # shown as the check sees it: "1e300" from the environment
+        value = msgspec.convert(value, base, strict=False)
+    which = f" - at `{found['path']}`" if any(index for _, index in steps) else ""  # the item of a list
+    return f"{_must(key, rule, value)}{which}", key
+
+
+def _field_at(struct: Any, tree: Any, steps: list[tuple[str, str]]) -> tuple[Any, Any]:
+    """The type and the given value of the field at ``steps`` (``$.canary.jobs[1].name``'s parts) of ``struct``."""
+    field_type: Any = struct
+    for name, index in steps:
+        if index:
+            field_type = get_args(field_type)[0] if get_args(field_type) else None
+            tree = tree[int(index)] if isinstance(tree, list) and int(index) < len(tree) else None
+            continue
+        fields = {f.encode_name: f.type for f in msgspec.structs.fields(field_type)} if _is_struct(field_type) else {}
+        field_type = fields.get(name)
+        tree = tree.get(name) if isinstance(tree, Mapping) else None
+    return field_type, tree
+
+
+def _is_struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
 
 
 def _nats_url(url: str) -> None:
@@ -131,28 +221,25 @@ class StreamConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             stream, and raised or lowered on an existing one (nats-server moves the data).
     """
 
-    name: str = STREAM
-    max_age_s: float = 7 * 86400.0
+    name: _Name = STREAM
+    max_age_s: Annotated[  # 0: no age limit
+        float, Meta(ge=0, le=MAX_RETENTION_S, description=f"a number >= 0 and <= {MAX_RETENTION_S:.0f}")
+    ] = 7 * 86400.0
     max_bytes: int = 10 * 2**30
-    duplicate_window_s: float = 120.0
-    consumer: str = "vigil-daemon"
-    ack_wait_s: float = 300.0
+    duplicate_window_s: _Wait = 120.0
+    consumer: _Name = "vigil-daemon"
+    ack_wait_s: _Wait = 300.0
     discard: Literal["new", "old"] = "new"
     max_msgs_per_subject: int = 100_000
     purge_committed: bool = True
-    replicas: int = 1
+    replicas: Annotated[int, Meta(ge=1, le=5, description="an integer from 1 to 5")] = 1
 
     def __post_init__(self) -> None:
-        _require("stream.replicas", self.replicas, "an integer from 1 to 5", 1 <= self.replicas <= 5)
-        _name("stream.name", self.name)
-        _name("stream.consumer", self.consumer)
-        _within("stream.max_age_s", self.max_age_s, 0, MAX_RETENTION_S)  # 0: no age limit
+        _check_limits(self, "stream")
         _within("stream.max_bytes", self.max_bytes, 1, MAX_BYTES, unset=-1)  # -1: no limit
-        _positive("stream.duplicate_window_s", self.duplicate_window_s)
         # JetStream refuses a window longer than it keeps messages.
         window_ok = self.max_age_s == 0 or self.duplicate_window_s <= self.max_age_s
         _require("stream.duplicate_window_s", self.duplicate_window_s, "<= stream.max_age_s", window_ok)
-        _positive("stream.ack_wait_s", self.ack_wait_s)
         _within("stream.max_msgs_per_subject", self.max_msgs_per_subject, 1, MAX_COUNT, unset=-1)
 
 
@@ -170,11 +257,13 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             0: DuckDB's default (80% of the machine's memory).
     """
 
-    min_free_bytes: int = 256 * 2**20
+    min_free_bytes: Annotated[int, Meta(ge=0, le=MAX_BYTES, description=f"a number >= 0 and <= {MAX_BYTES}")] = (
+        256 * 2**20
+    )
     memory_limit_bytes: int = 128 * 2**20
 
     def __post_init__(self) -> None:
-        _within("store.min_free_bytes", self.min_free_bytes, 0, MAX_BYTES)
+        _check_limits(self, "store")
         _within("store.memory_limit_bytes", self.memory_limit_bytes, 32 * 2**20, MAX_BYTES, unset=0)  # 0: DuckDB's
 
 
@@ -207,12 +296,12 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     webhook_url: str = ""
     webhook_secret_file: str = ""
     webhook_token_file: str = ""
-    timeout_s: float = 5.0
-    retries: int = 3
-    backoff_s: float = 1.0
-    backoff_max_s: float = 30.0
-    queue_size: int = 1000
-    drain_s: float = 5.0
+    timeout_s: _Wait = 5.0
+    retries: Annotated[int, Meta(ge=0, le=MAX_COUNT, description=f"a number >= 0 and <= {MAX_COUNT}")] = 3
+    backoff_s: _Pause = 1.0
+    backoff_max_s: _Pause = 30.0
+    queue_size: _Count = 1000
+    drain_s: _Pause = 5.0
 
     def __post_init__(self) -> None:
         if self.webhook_url and not _http_url(self.webhook_url):
@@ -220,18 +309,13 @@ class AlertsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(
                 "alerts.webhook_url (VIGIL_ALERTS_WEBHOOK_URL) must be an http:// or https:// URL with a host"
             )
-        if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.queue_size < 1 or self.drain_s < 0:
-            raise ValueError("alerts: timeout_s and queue_size must be positive; retries, backoff_s, drain_s >= 0")
+        _check_limits(self, "alerts")
         _require(
             "alerts.backoff_max_s",
             self.backoff_max_s,
             "a number >= alerts.backoff_s",
             self.backoff_max_s >= self.backoff_s,
         )
-        for key in ("timeout_s", "backoff_s", "backoff_max_s", "drain_s"):
-            _within(f"alerts.{key}", getattr(self, key), 0, MAX_WAIT_S)
-        for key in ("retries", "queue_size"):
-            _within(f"alerts.{key}", getattr(self, key), 0, MAX_COUNT)
 
 
 _INTERVAL = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)\s*")
@@ -279,23 +363,16 @@ class CanaryJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         env: variables added to the job's environment.
     """
 
-    name: str
-    command: str
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]+\Z", description="a name of letters, digits, _ and -")]
+    command: Annotated[str, Meta(pattern=r"\S", description="a command line")]
     faults: list[str] = []
-    fault_step: int = 100
+    fault_step: Annotated[int, Meta(ge=0, description="an integer >= 0")] = 100
     cwd: str = ""
     env: dict[str, str] = {}
 
     def __post_init__(self) -> None:
-        _require(
-            "canary.jobs.name",
-            self.name,
-            "a name of letters, digits, _ and -",
-            bool(re.fullmatch(r"[A-Za-z0-9_-]+", self.name)),
-        )
-        _require("canary.jobs.command", self.command, "a command line", bool(self.command.strip()))
+        _check_limits(self, "canary.jobs")
         _kinds("canary.jobs.faults", tuple(self.faults), SCRIPT_FAULTS)
-        _require("canary.jobs.fault_step", self.fault_step, "an integer >= 0", self.fault_step >= 0)
 
     @property
     def fault_kinds(self) -> tuple[str, ...]:
@@ -330,34 +407,27 @@ class CanaryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = False
     every: str = "30m"
     faults: str | list[str] = "all"
-    fault_probability: float = 0.5
-    concurrency: int = 1
-    timeout_s: float = 600.0
-    settle_s: float = 30.0
+    fault_probability: Annotated[float, Meta(ge=0, le=1, description="a number from 0 to 1")] = 0.5
+    concurrency: _Count = 1
+    timeout_s: _Wait = 600.0
+    settle_s: _Pause = 30.0
     stop_when_caught: bool = True
-    linger_s: float = 5.0
-    nice: int = 10
+    linger_s: _Pause = 5.0
+    nice: Annotated[int, Meta(ge=0, le=19, description="a niceness from 0 to 19")] = 10
     workloads: str | list[str] = msgspec.field(default_factory=lambda: list(WORKLOADS))
     jobs: list[CanaryJob] = []
     agent_creds: str = ""
-    keep_logs: int = 200
+    keep_logs: _Count = 200
 
     def __post_init__(self) -> None:
+        _check_limits(self, "canary")
         _every("canary.every", self.every)
         _kinds("canary.faults", self.fault_kinds, FAULT_KINDS)
-        p = self.fault_probability
-        _require("canary.fault_probability", p, "a number from 0 to 1", math.isfinite(p) and 0 <= p <= 1)
-        _within("canary.concurrency", self.concurrency, 1, MAX_COUNT)
-        _positive("canary.timeout_s", self.timeout_s)
-        _within("canary.settle_s", self.settle_s, 0, MAX_WAIT_S)
-        _within("canary.linger_s", self.linger_s, 0, MAX_WAIT_S)
-        _require("canary.nice", self.nice, "a niceness from 0 to 19", 0 <= self.nice <= 19)
         unknown = [w for w in self.workload_names if w not in WORKLOADS]
         _require("canary.workloads", ", ".join(unknown), f"workloads among {', '.join(WORKLOADS)}", not unknown)
         names = [job.name for job in self.jobs]
         clash = sorted({n for n in names if names.count(n) > 1 or n in WORKLOADS or n == CLEAN})
         _require("canary.jobs", ", ".join(clash), "jobs with unique names that are not workloads", not clash)
-        _within("canary.keep_logs", self.keep_logs, 1, MAX_COUNT)
 
     @property
     def fault_kinds(self) -> tuple[str, ...]:
@@ -432,34 +502,34 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         detectors: one table per detector (``[detectors.grad_spike]``), see ``trainvigil.daemon.detectors``.
     """
 
-    data_dir: str = "vigil-data"
+    data_dir: Annotated[str, Meta(pattern=r"\S", description="a directory path")] = "vigil-data"
     nats_url: str = ""
     shard: str = ""
     namespace: str = ""
-    embedded_port: int = 4222
-    embedded_host: str = "127.0.0.1"
+    embedded_port: Annotated[int, Meta(ge=1, le=65535, description="a port number 1-65535")] = 4222
+    embedded_host: _Host = "127.0.0.1"
     embedded_auth: Literal["auto", "on", "off"] = "auto"
     embedded_tls_cert: str = ""
     embedded_tls_key: str = ""
     nats_creds: str = ""
     nats_tls_ca: str = ""
-    connect_timeout_s: float = 15.0
-    http_host: str = "127.0.0.1"
-    http_port: int = 9464
+    connect_timeout_s: _Wait = 15.0
+    http_host: _Host = "127.0.0.1"
+    http_port: Annotated[int, Meta(ge=0, le=65535, description="a port number 0-65535")] = 9464
     http_token_file: str = ""
     http_allowed_hosts: str | list[str] = ""
-    fetch_batch: int = 1024
-    fetch_max_bytes: int = 8 * 2**20
-    fetch_timeout_s: float = 0.25
-    query_row_limit: int = QUERY_ROW_LIMIT
-    query_timeout_s: float = 30.0
-    query_max_bytes: int = 16 * 2**20
-    query_memory_bytes: int = 512 * 2**20
-    query_spill_bytes: int = 256 * 2**20
-    query_concurrency: int = 2
-    query_rate_per_s: float = 20.0
-    query_burst: int = 40
-    query_askers_max: int = 1024
+    fetch_batch: _Count = 1024
+    fetch_max_bytes: _Size = 8 * 2**20
+    fetch_timeout_s: _Wait = 0.25
+    query_row_limit: _Count = QUERY_ROW_LIMIT
+    query_timeout_s: _Wait = 30.0
+    query_max_bytes: _Size = 16 * 2**20
+    query_memory_bytes: _Size = 512 * 2**20
+    query_spill_bytes: _Size = 256 * 2**20
+    query_concurrency: _Count = 2
+    query_rate_per_s: Annotated[float, Meta(gt=0, le=10_000, description="a number > 0 and <= 10000")] = 20.0
+    query_burst: _Buckets = 40
+    query_askers_max: _Buckets = 1024
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """The lowest level logged: ``debug``, ``info``, ``warning`` or ``error``."""
@@ -467,10 +537,10 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     store: StoreConfig = StoreConfig()
     alerts: AlertsConfig = AlertsConfig()
     canary: CanaryConfig = msgspec.field(default_factory=CanaryConfig)
-    detectors: DetectorsConfig = msgspec.field(default_factory=DetectorsConfig)  # type: ignore[valid-type]
+    detectors: DetectorsConfig = msgspec.field(default_factory=DetectorsConfig)
 
     def __post_init__(self) -> None:
-        _require("data_dir", self.data_dir, "a directory path", bool(self.data_dir.strip()))
+        _check_limits(self)
         if self.nats_url:
             _nats_url(self.nats_url)
         if self.shard:
@@ -481,21 +551,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             rule = "given with nats_url (--nats): the bundled broker does not partition runs over shards"
             _require("shard", self.shard, rule, bool(self.nats_url))
         Subjects(self.namespace)  # a bad namespace is refused here, naming the setting and the rule
-        _port("embedded_port", self.embedded_port, lowest=1)
-        _require("embedded_host", self.embedded_host, "a host name or address", bool(self.embedded_host.strip()))
         both = bool(self.embedded_tls_cert) == bool(self.embedded_tls_key)
         _require("embedded_tls_key", self.embedded_tls_key, "given together with embedded_tls_cert", both)
-        _require("http_host", self.http_host, "a host name or address", bool(self.http_host.strip()))
-        _port("http_port", self.http_port)
-        for key in ("fetch_batch", "query_row_limit", "query_concurrency"):
-            _within(key, getattr(self, key), 1, MAX_COUNT)
-        for key in ("fetch_max_bytes", "query_max_bytes", "query_memory_bytes", "query_spill_bytes"):
-            _within(key, getattr(self, key), 1, MAX_BYTES)
-        for key in ("connect_timeout_s", "fetch_timeout_s", "query_timeout_s"):
-            _positive(key, getattr(self, key))
-        _positive("query_rate_per_s", self.query_rate_per_s, most=10_000)
-        _within("query_burst", self.query_burst, 1, 100_000)
-        _within("query_askers_max", self.query_askers_max, 1, 100_000)
 
     @property
     def allowed_hosts(self) -> tuple[str, ...]:
@@ -572,6 +629,7 @@ def load(
     try:
         return convert(tree, DaemonConfig)
     except msgspec.ValidationError as exc:
+        problem, key = _decode_error(exc, tree)
         raise ConfigError(
-            f"invalid configuration: {exc} (from {path or 'defaults'}, VIGIL_* environment or flags)"
+            f"invalid configuration: {problem} (from {path or 'defaults'}, VIGIL_* environment or flags)", key=key
         ) from None

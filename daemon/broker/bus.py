@@ -14,14 +14,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from trainvigil.daemon.broker.auth import credentials_file, prepare
 from trainvigil.daemon.broker.embedded import dial_host
 from trainvigil.daemon.config import DaemonConfig
 from trainvigil.schemas.credentials import BusAccess
-
-log = structlog.get_logger("trainvigil.nats")
 
 
 def is_loopback(host: str) -> bool:
@@ -60,6 +56,9 @@ def embedded_setup(config: DaemonConfig) -> EmbeddedSetup:
     Raises:
         ConfigError: the credentials directory cannot be written or read.
     """
+    import structlog  # here, not with the module: the reading commands import it for access() alone
+
+    log = structlog.get_logger("trainvigil.nats")
     auth = embedded_auth(config)
     # Absolute: nats-server resolves relative paths against its own working directory.
     cert, key = Path(config.embedded_tls_cert).resolve(), Path(config.embedded_tls_key).resolve()

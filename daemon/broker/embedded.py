@@ -29,15 +29,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import anyio
-import structlog
 from anyio.abc import ByteReceiveStream, Process, TaskStatus
 
 from trainvigil.errors import EXIT_UNAVAILABLE, VigilError
 from trainvigil.schemas import private
 from trainvigil.schemas.settings import retrying
-
-log = structlog.get_logger("trainvigil.nats")
-
 
 START_TIMEOUT_S = 10.0
 """The bundled nats-server must listen within this long of being started."""
@@ -286,6 +282,10 @@ async def supervise(
         BrokerUnavailableError: the first start failed: the server exited (its last line of
             stderr says why) or did not listen within ``START_TIMEOUT_S``.
     """
+    # Imported here, not with the module: the commands that only dial a broker import it for port_open().
+    import structlog
+
+    log = structlog.get_logger("trainvigil.nats")
     binary = find_binary()
     # The store holds every message not yet committed to the history: the daemon's alone, as the history is.
     if why := private.private_dir(store_dir):

@@ -33,23 +33,22 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 import nats.errors
-import structlog
 from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from trainvigil.daemon.broker.replies import Replies
 from trainvigil.daemon.config import DaemonConfig
-from trainvigil.daemon.metrics import DaemonMetrics
 from trainvigil.errors import ConfigError
 from trainvigil.schemas.redact import redact_url
 from trainvigil.schemas.subjects import DEFAULT_SUBJECTS, Subjects
 
-log = structlog.get_logger("trainvigil.holders")
+if TYPE_CHECKING:
+    from trainvigil.daemon.metrics import DaemonMetrics
 
 LOOK_S = 0.5
 """How long a starting daemon collects answers: a daemon that is up answers within a round trip."""
@@ -197,6 +196,9 @@ class _Claim:
         self.nc = nc
         self.me = me
         self.seen: list[Holder] = []
+        # The daemon's side only, imported here: vigil sql imports this module for unsharded_holder() alone.
+        from trainvigil.daemon.broker.replies import Replies
+
         self._replies = Replies(nc, metrics, "holders")
 
     async def on_request(self, msg: Msg) -> None:
@@ -228,6 +230,9 @@ async def hold(
         ConsumerHeldError: another daemon holds them, or is starting for them ahead of this one; or, later,
             another one turned out to hold them since before this one.
     """
+    import structlog  # the daemon's side only, as Replies
+
+    log = structlog.get_logger("trainvigil.holders")
     claim = _Claim(nc, this_daemon(config), metrics)
     subjects = config.subjects
     sub = await nc.subscribe(subjects.holders, cb=claim.on_request)

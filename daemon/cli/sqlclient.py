@@ -232,9 +232,9 @@ class QuerySource:
     def ask(self, sql: str, limit: int) -> QueryResult:
         """Run ``sql``; the answer holds at most ``limit`` rows (``truncated`` says when it was cut).
 
-        A busy daemon (it answers "busy" at once rather than queueing) is asked again, the pause
-        doubling from 50 ms up to 2 s, for at most ``busy_patience_s``: a command must not fail
-        because someone else's queries hold every slot for a moment.
+        A busy daemon (it answers "busy" at once rather than queueing) is asked again at once, then with
+        the pause doubling from 50 ms up to 2 s, for at most ``busy_patience_s`` more: a command must not
+        fail because someone else's queries hold every slot for a moment.
 
         Raises:
             QueryRefusedError: not a read-only query, or ``limit``/``max_bytes`` below 1 (checked
@@ -245,6 +245,10 @@ class QuerySource:
                 that answered before stopped answering.
             duckdb.Error: the file cannot be opened (a daemon holds it, or it is not a database).
         """
+        try:
+            return self._ask_once(sql, limit)
+        except QueryBusyError:
+            pass  # asked again under the retry policy, which loads its library only then (a command starts faster)
         for attempt in retrying(
             QueryBusyError, attempts=None, wait_initial=0.05, wait_max=2.0, timeout=self.busy_patience_s
         ):

@@ -23,11 +23,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-import msgspec
 import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._series import StreamKey, Values, streams
+from trainvigil.daemon.detectors._settings import DetectorSettings
 from trainvigil.schemas import Anomaly
 
 NONE, WARN, PAGE = 0, 1, 2
@@ -40,13 +40,6 @@ def episode_id(detector: str, run_id: str, rank: int, at: int) -> str:
     tag (HMAC of it under this process's key) that only this process can compute."""
     name = f"{detector}:{run_id}:{rank}:{at}"
     return f"{name}:{hmac.new(_EPISODE_KEY, name.encode(), hashlib.sha256).hexdigest()[:16]}"
-
-
-class DetectorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """What every detector's settings have; subclasses repeat ``frozen=True, forbid_unknown_fields=True``."""
-
-    enabled: bool = True
-    """False: :func:`~trainvigil.daemon.detectors.build` leaves the detector out."""
 
 
 class Detector(Protocol):

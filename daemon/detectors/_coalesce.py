@@ -26,9 +26,6 @@ from trainvigil.daemon.batch.decode import IngestBatch, StepColumns
 from trainvigil.daemon.detectors._series import StreamKey, grouped
 from trainvigil.schemas import RunEvent, Source
 
-MIN_STREAMS, STEPS, WAIT_S = 64, 32, 5.0
-"""The defaults of ``[detectors] coalesce_streams``, ``coalesce_steps`` and ``coalesce_s``."""
-
 
 @dataclass(slots=True)
 class _Held:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._series import StreamKey
+from trainvigil.daemon.detectors._settings import IDLE_FORGET_MAX_S as IDLE_FORGET_MAX_S
 from trainvigil.schemas import Source
 
 
@@ -36,11 +37,6 @@ class Expired:
 
     def __bool__(self) -> bool:
         return bool(self.streams or self.runs)
-
-
-IDLE_FORGET_MAX_S = 7 * 86400.0
-"""The longest ``[detectors] idle_forget_s`` allowed: a week of silence, so the state a daemon keeps stays
-bounded by the runs of the last week however many came and went without a ``run_end``."""
 
 
 class RunTracker:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from trainvigil.daemon.batch.decode import IngestBatch
-from trainvigil.daemon.detectors import _coalesce
 from trainvigil.daemon.detectors._base import Detector, journaled
 from trainvigil.daemon.detectors._coalesce import Coalescer
 from trainvigil.daemon.detectors._isolation import DetectorFailures
 from trainvigil.daemon.detectors._lifecycle import RunTracker
 from trainvigil.daemon.detectors._liveness import link
+from trainvigil.daemon.detectors._settings import MIN_STREAMS, STEPS, WAIT_S
 from trainvigil.schemas import Anomaly
 
 SILENCE_WATCHERS: dict[str, str] = {"stall": "min_seconds", "hang": "min_seconds", "run_failed": "lost_after_s"}
@@ -55,7 +55,7 @@ class Detectors(list[Detector]):
         self.runs = RunTracker(idle_forget_s, forget_after_s(self, idle_forget_s))
         self.forgotten = 0
         self.failures = DetectorFailures()
-        self.held = held if held is not None else Coalescer(_coalesce.MIN_STREAMS, _coalesce.STEPS, _coalesce.WAIT_S)
+        self.held = held if held is not None else Coalescer(MIN_STREAMS, STEPS, WAIT_S)
 
     def tracked(self) -> dict[str, int]:
         """Per detector: how many streams, runs and open episodes it keeps state for."""

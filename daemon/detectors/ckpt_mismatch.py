@@ -26,21 +26,8 @@ from typing import ClassVar
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Episodes, Finding
 from trainvigil.daemon.detectors._series import StreamKey
+from trainvigil.daemon.detectors._settings import CkptMismatchSettings
 from trainvigil.schemas import Anomaly, CheckpointDigest, Source
-
-
-class CkptMismatchSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    wait_rounds: int = 2
-    """Judge a parity step with the ranks present once this many later parity steps arrived from two
-    or more ranks each."""
-    max_pending_steps: int = 64
-    """Parity steps per run waiting for ranks, at most; past it the oldest is judged with the ranks present."""
-    max_paths: int = 10_000
-    """Save digests kept to check loads against (the least recently saved are forgotten first)."""
-    cooldown: int = 1000
-    """Steps of agreement after which a replica episode clears."""
-    max_named: int = 5
-    """Differing tensors named in a message."""
 
 
 @dataclass(frozen=True, slots=True)

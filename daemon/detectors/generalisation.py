@@ -37,31 +37,11 @@ from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import NONE, PAGE, WARN, DetectorSettings, Finding, StreamDetector
 from trainvigil.daemon.detectors._declared import Declared, a_name
 from trainvigil.daemon.detectors._series import StreamKey, streams
+from trainvigil.daemon.detectors._settings import GeneralisationSettings
 from trainvigil.schemas import Anomaly
 
 _TRAIN_WINDOW = 1024
 """Training-loss values kept per evaluation interval (the median's sample)."""
-
-
-class GeneralisationSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    metrics: tuple[str, ...] = ("val_loss", "eval_loss", "validation_loss", "valid_loss")
-    """Validation metrics looked for (a run may declare its own with ``config={"val_metric": ...}``)."""
-    train_metric: str = "loss"
-    """The training loss, summarised per evaluation interval by its median."""
-    min_evals: int = 3
-    """Evaluations before the first judgement (the first ones set ``best``)."""
-    tolerance: float = 0.01
-    """Relative rises smaller than this are noise, not rises."""
-    rises: int = 3
-    """Consecutive rises the gradual rules need."""
-    warn_ratio: float = 1.10
-    """Gradual warn: rises ending this x above ``best``; the episode clears within it."""
-    page_drift: float = 1.25
-    """Gradual page: rises ending this x above ``best``."""
-    page_ratio: float = 1.50
-    """Sudden page: one rise to this x ``best`` while the training loss did not rise."""
-    collapse: float = 5.0
-    """Memorisation: the training median fell this x or more in one interval."""
 
 
 class _Stream:

@@ -14,17 +14,8 @@ from typing import ClassVar
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
+from trainvigil.daemon.detectors._settings import GilContentionSettings
 from trainvigil.schemas import Anomaly, GilSample
-
-
-class GilContentionSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    held_threshold: float = 0.7
-    """A period is contended when the GIL was held more than this share of it (0-1) and the median wait
-    passed the switch interval."""
-    consecutive: int = 3
-    """Contended periods in a row that page."""
-    cooldown: int = 3
-    """Uncontended periods before an episode clears."""
 
 
 def _top(sample: GilSample) -> str:

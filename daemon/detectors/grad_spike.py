@@ -14,44 +14,16 @@ stale fastest.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import ClassVar
 
-import msgspec
 import numpy as np
 
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Finding, MetricDetector
 from trainvigil.daemon.detectors._robust import Window, robust_z, safe_log
 from trainvigil.daemon.detectors._series import StreamKey, Values, is_rl, streams
+from trainvigil.daemon.detectors._settings import GradSpikeSettings
 from trainvigil.schemas import Anomaly
-
-
-class GradSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    metric: str = "grad_norm"
-    """The metric judged."""
-    window: int = 256
-    """Accepted steps in the rolling baseline (median and MAD of the log norm)."""
-    warmup: int = 32
-    """Steps before the first judgement: the baseline needs this many values."""
-    warn_z: float = 8.0
-    """Raised from 6 with the harness: 6 gave 10 false episodes per 100k clean steps, 8 gives < 1."""
-    page_z: float = 10.0
-    """Robust z above which a flag pages (with ``min_ratio``)."""
-    page_ratio: float = 10.0
-    """A norm at >= this x its rolling median pages (with ``ratio_min_z``)."""
-    ratio_min_z: float = 5.0
-    """The ``page_ratio`` rule also needs this robust z (real runs: 10x at z 1.8-4.9 was routine on PPO and warm-up)."""
-    min_ratio: float = 3.0
-    """A flag also needs the norm at >= this x its rolling median: heavy tails make 10-sigma blips of 2x."""
-    min_scale: float = 0.1
-    """Floor of the log-space scale: below it, noise is treated as this wide (a 0.1 floor: z 6 = x1.8)."""
-    fill_block: Annotated[int, msgspec.Meta(ge=1)] = 8
-    """Until the window is full, the baseline is re-estimated at least every this many steps, whatever the batch
-    size: a healthy norm can triple in its first hundred steps (examples/train_ddp.py: judging steps 32-63 of one
-    batch against steps 0-31 paged at 11x the median, 7x that of steps 0-55)."""
-    cooldown: int = 50
-    """Steps with no flag before an episode clears."""
-
 
 RECENT = 20
 """Values before a flag that give its recent level, printed when it differs from the baseline."""

@@ -41,18 +41,7 @@ from typing import ClassVar
 from trainvigil.daemon.detectors._base import DetectorSettings, Finding
 from trainvigil.daemon.detectors._liveness import HUNG, Life, LivenessDetector, Stage, StageOf
 from trainvigil.daemon.detectors._series import StreamKey
-
-
-class HangSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    factor: float = 20.0
-    """No progress for longer than this x the p99 of recent step intervals pages ..."""
-    min_seconds: float = 60.0
-    """... and never less than this many seconds."""
-    alive_s: float = 30.0
-    """Only while a heartbeat came within this many seconds (without one it is ``stall``'s case)."""
-    phase_max_s: float = 3600.0
-    """How long a declared phase (``vigil.phase(...)``, an ``eval``/``checkpoint`` announcement) may last
-    before it counts as a hang."""
+from trainvigil.daemon.detectors._settings import HangSettings
 
 
 class _Hung(StageOf[HangSettings]):

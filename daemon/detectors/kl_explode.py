@@ -31,43 +31,8 @@ from trainvigil.daemon.detectors._declared import Declared, a_positive_number
 from trainvigil.daemon.detectors._recovery import Recovery
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
 from trainvigil.daemon.detectors._series import StreamKey, Values
+from trainvigil.daemon.detectors._settings import KlExplodeSettings
 from trainvigil.schemas import Anomaly
-
-
-class KlExplodeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    metric: str = "kl"
-    """The metric judged."""
-    target: float = 0.0
-    """The KL target of an adaptive-KL controller; 0 turns the target rule off."""
-    target_factor: float = 2.0
-    """The target rule: KL above this x ``target`` ..."""
-    target_steps: int = 3
-    """... for this many steps pages."""
-    double_steps: int = 10
-    """The rate rule: a rise that doubles KL within this many steps."""
-    sustain: int = 5
-    """Steps averaged (mean log-KL) by the baseline and rate rules, so one noisy step cannot fire them."""
-    z: float = 12.0
-    """Chosen with the harness: 8 gave 4 false episodes per 100k clean RL steps, 12 none."""
-    confirm: int = 2
-    """Steps in a row a baseline or rate flag must hold to page."""
-    baseline_ratio: float = 20.0
-    """The baseline rule: the recent mean KL at this x the run's long-horizon level or more."""
-    recover_ratio: float = 4.0
-    """An episode clears only once the KL (median of the last ``cooldown`` steps) is back within this x
-    its level when the episode began; a KL that stays 16x up is one open episode, not a series."""
-    window: int = 256
-    """Accepted steps in the long-horizon baseline."""
-    warmup: int = 32
-    """Steps before the first judgement."""
-    min_scale: float = 0.1
-    """Floor of the log-space scale: below it, noise is treated as this wide."""
-    mean_steps: int = 50
-    """The sign rule averages KL over this many steps ..."""
-    negative_mean: float = -1.0
-    """... and warns when that mean is below this (a misconfigured estimator)."""
-    cooldown: int = 50
-    """Steps with no flag before an episode may clear."""
 
 
 class _Stream:

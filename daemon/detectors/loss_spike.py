@@ -40,51 +40,13 @@ from trainvigil.daemon.detectors._base import PAGE, WARN, DetectorSettings, Find
 from trainvigil.daemon.detectors._recovery import Recovery
 from trainvigil.daemon.detectors._robust import Window, consecutive, robust_z, safe_log
 from trainvigil.daemon.detectors._series import StreamKey, Values, is_rl, streams
+from trainvigil.daemon.detectors._settings import LossSpikeSettings
 from trainvigil.schemas import Anomaly
 
 LR_HISTORY = 512
 """Logged lrs kept per stream, to name an lr jump as the cause of a loss that did not recover."""
 LR_LEAD = 20
 """The lr before an incident is read this many steps before its first flag: a jump leads the loss."""
-
-
-class LossSpikeSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    metric: str = "loss"
-    """The metric judged."""
-    window: int = 256
-    """Accepted steps in the rolling baseline."""
-    warmup: int = 32
-    """Steps before the first judgement."""
-    transient_z: float = 10.0
-    """Raised from 7 with the harness (7: ~7 false episodes per 100k clean steps)."""
-    transient_min_ratio: float = 3.0
-    """A transient flag also needs loss >= this x its rolling median."""
-    min_scale: float = 0.05
-    """Floor of the log-space scale: below it, noise is treated as this wide."""
-    persistent_ratio: float = 2.0
-    """The persistent rule: loss at >= this x its rolling level ..."""
-    persistent_steps: int = 5
-    """... for this many consecutive steps pages."""
-    early_steps: int = 100
-    """The divergence rule compares with the largest of the run's first this many losses."""
-    divergence_ratio: float = 10.0
-    """The divergence rule: loss at >= this x the largest early loss pages."""
-    multi_level: float = 1.5
-    """A window whose 90th percentile is this x its median or more holds a loss on several levels: it is
-    judged against the upper one."""
-    divergence_upper: float = 3.0
-    """Divergence also needs the loss at >= this x the window's upper level (its p90)."""
-    min_rise: float = 0.01
-    """The transient and persistent rules also need the loss this share of the run's scale (its largest early
-    loss) above the level it is judged against: a relative jump of a loss near its floor is not an incident
-    (a converged MSE's healthy blips reach 1.4e-3 of it; the corpus's faults 0.3 and more)."""
-    cooldown: int = 50
-    """Steps with no flag before an episode may clear."""
-    recover_ratio: float = 1.3
-    """An episode clears only once the loss is back within this x its level before the incident."""
-    lr_jump: float = 3.0
-    """A logged ``lr`` changed more than this x either way since before the incident is named in a degraded
-    episode's message."""
 
 
 class _Stream:

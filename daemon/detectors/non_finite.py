@@ -16,17 +16,8 @@ from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import NONE, PAGE, DetectorSettings, Finding, StreamDetector
 from trainvigil.daemon.detectors._robust import consecutive
 from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, streams
+from trainvigil.daemon.detectors._settings import NonFiniteSettings
 from trainvigil.schemas import Anomaly
-
-
-class NonFiniteSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    metrics: tuple[str, ...] = ("loss", "grad_norm", "reward", "kl")
-    """The metrics judged: any of them NaN or ±Inf at a step pages at that step."""
-    consecutive_skips: int = 3
-    """With mixed precision (``step_skipped`` or ``loss_scale`` logged), skipped steps in a row that page."""
-    cooldown: int = 50
-    """Steps with no flag before an episode clears."""
-
 
 _HINT = (
     "inspect the batch and the learning rate at this step, lower the LR or enable gradient clipping, "

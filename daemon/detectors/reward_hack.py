@@ -40,48 +40,12 @@ from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import PAGE, DetectorSettings, Finding, StreamDetector
 from trainvigil.daemon.detectors._declared import Declared, a_name
 from trainvigil.daemon.detectors._series import StreamKey, StreamSteps, streams
+from trainvigil.daemon.detectors._settings import RewardHackSettings
 from trainvigil.schemas import Anomaly
 
 _NAMES = ("reward", "entropy", "kl", "response_len", "lr", "eval")
 EVAL_METRICS = ("true_return", "eval_return", "eval_reward")
 """Held-out returns read as the ``eval`` series unless a run declares its own ``eval_metric``."""
-
-
-class RewardHackSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    every: int = 10
-    """Judged every this many reward steps."""
-    recent: int = 50
-    """Steps the reward slope and length rules look at."""
-    early: int = 100
-    """The run's first this many steps give its early values."""
-    entropy_ratio: float = 0.1
-    """Deep entropy collapse: entropy below this x its early value while the reward rises."""
-    gain_ratio: float = 0.0
-    """0: the cheap-reward rule is off (it paged on every healthy real PPO run at 5-7x)."""
-    short: int = 20
-    """The latest steps compared with the reference before them ..."""
-    reference: int = 80
-    """... the reward steps before the last ``short`` that give the reference medians."""
-    eval_drop: float = 0.5
-    """A held-out return down by half while the training reward rose: a third was routine for CartPole (the score
-    drifts with the policy)."""
-    eval_collapse: float = 0.35
-    """A held-out return below this x its reference pages whatever the training reward did (healthy real PPO
-    runs dipped to 0.32x for one evaluation at most, and to 0.5x for several)."""
-    entropy_drop: float = 0.5
-    """Fast entropy collapse: entropy's recent median below this x its reference median."""
-    lr_kept: float = 0.5
-    """... while the logged ``lr`` stayed above this x its reference (an annealed LR narrows the policy by design)."""
-    length_ratio: float = 1.5
-    """Length exploitation: ``response_len`` above this x its early value ..."""
-    length_corr: float = 0.5
-    """... and corr(reward, length) above this."""
-    hold: int = 3
-    """An alert needs a rule to hold in this many ..."""
-    of: int = 5
-    """... of the last this many evaluations."""
-    cooldown: int = 100
-    """Steps with no flag before an episode clears."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,15 +27,10 @@ from typing import ClassVar
 from trainvigil.daemon.detectors._base import DetectorSettings, Finding
 from trainvigil.daemon.detectors._liveness import LOST, Ending, Life, LivenessDetector, Stage, StageOf
 from trainvigil.daemon.detectors._series import StreamKey
+from trainvigil.daemon.detectors._settings import RunFailedSettings
 from trainvigil.schemas import RunEnd
 
 OK_STATUSES = ("ok",)
-
-
-class RunFailedSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    lost_after_s: float = 600.0
-    """A live rank that sent no record at all for this many seconds is lost: a page, and ``vigil runs``
-    shows ``lost``."""
 
 
 class _Lost(StageOf[RunFailedSettings]):

@@ -22,28 +22,9 @@ import numpy as np
 from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import DetectorSettings, Finding, StreamDetector
 from trainvigil.daemon.detectors._series import streams
+from trainvigil.daemon.detectors._settings import SlowdownSettings
 from trainvigil.daemon.detectors._windows import Windows, severity_of
 from trainvigil.schemas import Anomaly
-
-
-class SlowdownSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    metric: str = "step_time"
-    """The metric judged (seconds per step)."""
-    min_steps: int = 20
-    """A window holds at least this many steps ..."""
-    min_seconds: float = 10.0
-    """... and spans at least this many seconds, whichever is longer."""
-    warn: float = 0.85
-    """Score (reference speed / current) below this in two consecutive windows warns."""
-    page: float = 0.75
-    """Score below this in the latest of those windows pages."""
-    reference_windows: int = 64
-    """Unflagged window medians the reference speed is taken from."""
-    reference_quantile: float = 0.25
-    """The reference speed: this quantile of the last ``reference_windows`` unflagged window medians
-    (not the single best window: on a shared machine one quiet minute made every later minute slow)."""
-    cooldown_windows: int = 4
-    """Judged windows (half a window apart) with no flag before an episode clears."""
 
 
 class _Stream:

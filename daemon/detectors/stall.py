@@ -28,13 +28,7 @@ from typing import ClassVar
 from trainvigil.daemon.detectors._base import DetectorSettings, Finding
 from trainvigil.daemon.detectors._liveness import SILENT, Life, LivenessDetector, Stage, StageOf
 from trainvigil.daemon.detectors._series import StreamKey
-
-
-class StallSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    factor: float = 5.0
-    """Silence longer than this x the rank's longest step interval pages ..."""
-    min_seconds: float = 60.0
-    """... and never less than this many seconds."""
+from trainvigil.daemon.detectors._settings import StallSettings
 
 
 class _Silent(StageOf[StallSettings]):

@@ -30,25 +30,9 @@ from trainvigil.daemon.batch.decode import IngestBatch
 from trainvigil.daemon.detectors._base import DetectorSettings, Episodes, Finding
 from trainvigil.daemon.detectors._robust import fast_median
 from trainvigil.daemon.detectors._series import StreamKey, Values, streams
+from trainvigil.daemon.detectors._settings import StragglerSettings
 from trainvigil.daemon.detectors._windows import severity_of
 from trainvigil.schemas import Anomaly
-
-
-class StragglerSettings(DetectorSettings, frozen=True, forbid_unknown_fields=True):
-    metric: str = "step_time"
-    """The metric judged (seconds per step)."""
-    min_steps: int = 20
-    """A window holds at least this many steps ..."""
-    min_seconds: float = 10.0
-    """... and spans at least this many seconds (sized once per run)."""
-    warn: float = 0.85
-    """Score (fastest rank / this rank) below this in two consecutive windows warns."""
-    page: float = 0.75
-    """Score below this in the latest of those windows pages."""
-    cooldown_buckets: int = 4
-    """Half-window buckets with no flag before an episode clears (two windows)."""
-    max_pending: int = 4
-    """Buckets held waiting for a missing rank before judging with the ranks present."""
 
 
 class _Run:

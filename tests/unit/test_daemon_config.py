@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any, get_args, get_origin
 
+import msgspec
 import pytest
 
-from trainvigil.daemon.config import DaemonConfig, StreamConfig, load
+from trainvigil.daemon.config import (
+    AlertsConfig,
+    CanaryConfig,
+    CanaryJob,
+    DaemonConfig,
+    StoreConfig,
+    StreamConfig,
+    load,
+)
 from trainvigil.errors import ConfigError
 
 
@@ -99,3 +111,144 @@ def test_config_invalid_toml_raises_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid TOML") as info:
         load(_toml(tmp_path, "http_port = = 3\n"), env={})
     assert info.value.key == "config"
+
+
+_DAY, _BYTES, _COUNT = "86400", "1125899906842624", "2147483647"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "rule", "shown"),
+    [
+        ("stream.replicas", "7", "an integer from 1 to 5", "7"),
+        ("stream.name", "a.b", "a name without spaces, '.', '*', '>', '/'", "'a.b'"),
+        ("stream.consumer", "my daemon", "a name without spaces, '.', '*', '>', '/'", "'my daemon'"),
+        ("stream.max_age_s", "-1", "a number >= 0 and <= 315360000", "-1.0"),
+        ("stream.duplicate_window_s", "0", f"a number > 0 and <= {_DAY}", "0.0"),
+        ("stream.ack_wait_s", "1e300", f"a number > 0 and <= {_DAY}", "1e+300"),
+        ("store.min_free_bytes", "-1", f"a number >= 0 and <= {_BYTES}", "-1"),
+        ("alerts.timeout_s", "0", f"a number > 0 and <= {_DAY}", "0.0"),
+        ("alerts.retries", "-1", f"a number >= 0 and <= {_COUNT}", "-1"),
+        ("alerts.backoff_s", "-1", f"a number >= 0 and <= {_DAY}", "-1.0"),
+        ("alerts.drain_s", "nan", f"a number >= 0 and <= {_DAY}", "nan"),
+        ("alerts.queue_size", "0", f"a number >= 1 and <= {_COUNT}", "0"),
+        ("canary.fault_probability", "1.5", "a number from 0 to 1", "1.5"),
+        ("canary.concurrency", "0", f"a number >= 1 and <= {_COUNT}", "0"),
+        ("canary.timeout_s", "inf", f"a number > 0 and <= {_DAY}", "inf"),
+        ("canary.settle_s", "-1", f"a number >= 0 and <= {_DAY}", "-1.0"),
+        ("canary.linger_s", "90000", f"a number >= 0 and <= {_DAY}", "90000.0"),
+        ("canary.nice", "20", "a niceness from 0 to 19", "20"),
+        ("canary.keep_logs", "0", f"a number >= 1 and <= {_COUNT}", "0"),
+        ("data_dir", " ", "a directory path", "' '"),
+        ("embedded_port", "0", "a port number 1-65535", "0"),
+        ("embedded_host", " ", "a host name or address", "' '"),
+        ("http_host", " ", "a host name or address", "' '"),
+        ("http_port", "65536", "a port number 0-65535", "65536"),
+        ("fetch_batch", "0", f"a number >= 1 and <= {_COUNT}", "0"),
+        ("fetch_max_bytes", str(2**51), f"a number >= 1 and <= {_BYTES}", str(2**51)),
+        ("fetch_timeout_s", "0", f"a number > 0 and <= {_DAY}", "0.0"),
+        ("connect_timeout_s", "-5", f"a number > 0 and <= {_DAY}", "-5.0"),
+        ("query_row_limit", "0", f"a number >= 1 and <= {_COUNT}", "0"),
+        ("query_timeout_s", "86401", f"a number > 0 and <= {_DAY}", "86401.0"),
+        ("query_rate_per_s", "10001", "a number > 0 and <= 10000", "10001.0"),
+        ("query_burst", "100001", "a number >= 1 and <= 100000", "100001"),
+        ("query_askers_max", "0", "a number >= 1 and <= 100000", "0"),
+    ],
+)
+def test_a_value_past_its_limit_is_a_config_error_naming_key_variable_rule_and_value(
+    key: str, value: str, rule: str, shown: str
+) -> None:
+    """Whether from the environment or a flag, the message is ``KEY (VARIABLE) must be RULE, not VALUE``."""
+    variable = "VIGIL_" + key.replace(".", "_").upper()
+    said = f"{key} ({variable}) must be {rule}, not {shown}"
+    with pytest.raises(ConfigError) as info:
+        load(env={variable: value})
+    assert said in str(info.value) and info.value.key == key
+    with pytest.raises(ConfigError) as info:
+        load(overrides={key: msgspec.convert(value, _base_type(key), strict=False)}, env={})
+    assert said in str(info.value) and info.value.key == key
+
+
+def _base_type(key: str) -> type:
+    struct: Any = DaemonConfig
+    *tables, name = key.split(".")
+    for table in tables:
+        struct = {f.name: f.type for f in msgspec.structs.fields(struct)}[table]
+    field_type = {f.name: f.type for f in msgspec.structs.fields(struct)}[name]
+    return get_args(field_type)[0] if get_origin(field_type) is Annotated else field_type
+
+
+@pytest.mark.parametrize(
+    ("build", "said"),
+    [
+        (lambda: StreamConfig(replicas=0), "stream.replicas (VIGIL_STREAM_REPLICAS) must be an integer from 1 to 5"),
+        (lambda: StoreConfig(min_free_bytes=-1), "store.min_free_bytes (VIGIL_STORE_MIN_FREE_BYTES) must be"),
+        (lambda: AlertsConfig(queue_size=0), "alerts.queue_size (VIGIL_ALERTS_QUEUE_SIZE) must be a number >= 1"),
+        (lambda: CanaryConfig(nice=-1), "canary.nice (VIGIL_CANARY_NICE) must be a niceness from 0 to 19, not -1"),
+        (lambda: CanaryJob(name="a b", command="x"), "canary.jobs.name (VIGIL_CANARY_JOBS_NAME) must be a name of"),
+        (lambda: CanaryJob(name="a", command=" "), "canary.jobs.command (VIGIL_CANARY_JOBS_COMMAND) must be a command"),
+        (lambda: CanaryJob(name="a", command="x", fault_step=-1), "canary.jobs.fault_step (VIGIL_CANARY_JOBS_FAULT"),
+        (lambda: DaemonConfig(http_port=-1), "http_port (VIGIL_HTTP_PORT) must be a port number 0-65535, not -1"),
+        (lambda: DaemonConfig(query_timeout_s=0.0), "query_timeout_s (VIGIL_QUERY_TIMEOUT_S) must be a number > 0"),
+    ],
+)
+def test_keyword_construction_checks_the_same_limits(build: Callable[[], object], said: str) -> None:
+    """A config built in code (tests, an embedding program) is held to the limits a loaded one is."""
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("env", "key", "said"),
+    [
+        (
+            {"VIGIL_STREAM_MAX_AGE_S": "60", "VIGIL_STREAM_DUPLICATE_WINDOW_S": "120"},
+            "stream.duplicate_window_s",
+            "stream.duplicate_window_s (VIGIL_STREAM_DUPLICATE_WINDOW_S) must be <= stream.max_age_s, not 120.0",
+        ),
+        (
+            {"VIGIL_ALERTS_BACKOFF_S": "10", "VIGIL_ALERTS_BACKOFF_MAX_S": "5"},
+            "alerts.backoff_max_s",
+            "alerts.backoff_max_s (VIGIL_ALERTS_BACKOFF_MAX_S) must be a number >= alerts.backoff_s, not 5.0",
+        ),
+        (
+            {"VIGIL_EMBEDDED_TLS_CERT": "cert.pem"},
+            "embedded_tls_key",
+            "embedded_tls_key (VIGIL_EMBEDDED_TLS_KEY) must be given together with embedded_tls_cert, not ''",
+        ),
+        ({"VIGIL_SHARD": "0/2"}, "shard", "shard (VIGIL_SHARD) must be given with nats_url (--nats)"),
+        ({"VIGIL_SHARD": "2/2", "VIGIL_NATS_URL": "nats://h:1"}, "shard", "shard (VIGIL_SHARD) must be INDEX/COUNT"),
+        ({"VIGIL_STREAM_MAX_BYTES": "0"}, "stream.max_bytes", "must be a number >= 1 and <= 1125899906842624, or -1"),
+        ({"VIGIL_STREAM_MAX_MSGS_PER_SUBJECT": "0"}, "stream.max_msgs_per_subject", "or -1, not 0"),
+        ({"VIGIL_STORE_MEMORY_LIMIT_BYTES": "5"}, "store.memory_limit_bytes", "must be a number >= 33554432"),
+        ({"VIGIL_CANARY_EVERY": "0s"}, "canary.every", "canary.every (VIGIL_CANARY_EVERY) must be an interval > 0"),
+    ],
+)
+def test_a_rule_across_settings_or_values_is_a_config_error_naming_its_key(
+    env: dict[str, str], key: str, said: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(env=env)
+    assert said in str(info.value) and info.value.key == key
+
+
+def test_a_bad_value_in_a_list_of_tables_says_which_item() -> None:
+    jobs = [{"name": "ok", "command": "x"}, {"name": "not ok", "command": "x"}]
+    with pytest.raises(ConfigError) as info:
+        load(overrides={"canary.jobs": jobs}, env={})
+    assert "canary.jobs.name (VIGIL_CANARY_JOBS_NAME) must be a name of letters, digits, _ and -" in str(info.value)
+    assert "$.canary.jobs[1]" in str(info.value) and info.value.key == "canary.jobs.name"
+
+
+def test_a_wrong_type_still_says_what_msgspec_expected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"Expected `int`, got `str` - at `\$.http_port`") as info:
+        load(_toml(tmp_path, 'http_port = "ninety"\n'), env={})
+    assert info.value.key == "http_port"
+
+
+def test_every_registered_detector_has_its_table_in_the_settings_in_order() -> None:
+    """The light settings module and the detectors' registry name the same detectors with the same settings."""
+    from trainvigil.daemon import detectors
+
+    names = {d.name for d in detectors.REGISTRY}
+    tables = [(f.name, f.type) for f in msgspec.structs.fields(detectors.DetectorsConfig) if f.name in names]
+    assert tables == [(d.name, d.Settings) for d in detectors.REGISTRY]
