@@ -311,9 +311,10 @@ def turned_away(caplog: Any, run_id: str, steps: int, **options: Any) -> tuple[s
     return said[0], kept
 
 
-def stat_fields(pid: int) -> list[str]:
-    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp, ...)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def stat_fields(pid: int, thread: int | None = None) -> list[str]:
+    """The fields of ``/proc/PID/stat`` (or of one of its threads') after the command name (state, ppid, ...)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    return Path(path).read_text().rsplit(")", 1)[1].split()
 
 
 def gone(pid: int) -> bool:
@@ -321,14 +322,19 @@ def gone(pid: int) -> bool:
 
     A zombie leader is not enough: a killed multi-threaded process (nats-server's Go runtime) shows ``Z`` for its
     leader while its other threads are still exiting, and those still hold its sockets open. Gone is when every
-    thread is a zombie or has left.
+    thread, the leader among them, is a zombie or has left.
     """
     try:
-        if stat_fields(pid)[0] != "Z":
-            return False
         threads = os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
         return True
+    for thread in threads:
+        try:
+            if stat_fields(pid, int(thread))[0] != "Z":
+                return False
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return True
     for tid in threads:
         try:
             if Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
