@@ -31,7 +31,9 @@ from trainvigil.schemas.settings import (
     MAX_WAIT_S,
     convert,
     env_name,
+    field_type_at,
     from_env,
+    path_steps,
     set_path,
 )
 from trainvigil.schemas.shards import MAX_SHARDS, ShardId, parse_shard
@@ -124,10 +126,10 @@ def _decode_error(exc: msgspec.ValidationError, tree: Mapping[str, Any]) -> tupl
     found = _WHERE.search(str(exc))
     if found is None:
         return str(exc), None
-    steps = re.findall(r"\.(\w+)|\[(\d+)\]", found["path"])
+    steps = path_steps(found["path"])
     key = ".".join(name for name, _ in steps if name)
     problem = str(exc)[: found.start()]
-    field_type, value = _field_at(DaemonConfig, tree, steps)
+    field_type, value = field_type_at(DaemonConfig, found["path"]), _given_at(tree, steps)
     rule = _rule_of(field_type)
     if rule is None or ", got " in problem or not problem.startswith("Expected"):
         return str(exc), key or None
@@ -138,22 +140,14 @@ def _decode_error(exc: msgspec.ValidationError, tree: Mapping[str, Any]) -> tupl
     return f"{_must(key, rule, value)}{which}", key
 
 
-def _field_at(struct: Any, tree: Any, steps: list[tuple[str, str]]) -> tuple[Any, Any]:
-    """The type and the given value of the field at ``steps`` (``$.canary.jobs[1].name``'s parts) of ``struct``."""
-    field_type: Any = struct
+def _given_at(tree: Any, steps: list[tuple[str, str]]) -> Any:
+    """The value given at ``steps`` (:func:`~trainvigil.schemas.settings.path_steps`) of the settings ``tree``."""
     for name, index in steps:
         if index:
-            field_type = get_args(field_type)[0] if get_args(field_type) else None
             tree = tree[int(index)] if isinstance(tree, list) and int(index) < len(tree) else None
-            continue
-        fields = {f.encode_name: f.type for f in msgspec.structs.fields(field_type)} if _is_struct(field_type) else {}
-        field_type = fields.get(name)
-        tree = tree.get(name) if isinstance(tree, Mapping) else None
-    return field_type, tree
-
-
-def _is_struct(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+        else:
+            tree = tree.get(name) if isinstance(tree, Mapping) else None
+    return tree
 
 
 def _nats_url(url: str) -> None:

@@ -109,18 +109,32 @@ def did_you_mean(value: str, valid: Iterable[str]) -> str:
 
 
 _UNKNOWN_KEY = re.compile(r"unknown field `(?P<key>[^`]+)` - at `\$(?P<path>[^`]*)`")
+_STEPS = re.compile(r"\.(\w+)|\[(\d+)\]")
 
 
-def _closest_key(message: str, struct: type) -> str:
+def path_steps(path: str) -> list[tuple[str, str]]:
+    """The steps of msgspec's error path (``$.canary.jobs[1].name``): ``(field, "")`` or ``("", index)`` each."""
+    return _STEPS.findall(path)
+
+
+def field_type_at(struct: type[msgspec.Struct], path: str) -> Any:
+    """The declared type, ``Annotated`` and its ``Meta`` kept, of the field at msgspec's error path ``path`` (e.g.
+    ``$.canary.jobs[1].name``) of ``struct``; ``None`` when the path leaves the Structs."""
+    tp: Any = struct
+    for name, index in path_steps(path):
+        tp = _unwrap(tp)
+        tp = _item_type(tp) if index else _field_type(tp, name)
+        if tp is None:
+            return None
+    return tp
+
+
+def _closest_key(message: str, struct: type[msgspec.Struct]) -> str:
     """For msgspec's "unknown field `k` - at `$.a.b`": the closest key of the table at ``a.b``, or ``""``."""
     found = _UNKNOWN_KEY.search(message)
     if not found:
         return ""
-    table: Any = struct
-    for name, index in re.findall(r"\.(\w+)|\[(\d+)\]", found["path"]):
-        table = _item_type(table) if index else _field_type(table, name)
-        if table is None:
-            return ""
+    table = _unwrap(field_type_at(struct, found["path"]))
     if not (isinstance(table, type) and issubclass(table, msgspec.Struct)):
         return ""
     return did_you_mean(found["key"], (f.encode_name for f in msgspec.structs.fields(table)))
@@ -141,12 +155,12 @@ def _field_type(struct: Any, name: str) -> Any:
     if not (isinstance(struct, type) and issubclass(struct, msgspec.Struct)):
         return None
     field = next((f for f in msgspec.structs.fields(struct) if f.encode_name == name), None)
-    return None if field is None else _unwrap(field.type)
+    return None if field is None else field.type
 
 
 def _item_type(tp: Any) -> Any:
     args = get_args(tp)
-    return _unwrap(args[0]) if get_origin(tp) in (list, tuple) and args else None
+    return args[0] if get_origin(tp) in (list, tuple) and args else None
 
 
 def retrying(

@@ -20,6 +20,7 @@ from trainvigil.daemon.config import (
     load,
 )
 from trainvigil.errors import ConfigError
+from trainvigil.schemas.settings import convert, field_type_at
 
 
 def _toml(tmp_path: Path, text: str) -> Path:
@@ -252,3 +253,24 @@ def test_every_registered_detector_has_its_table_in_the_settings_in_order() -> N
     names = {d.name for d in detectors.REGISTRY}
     tables = [(f.name, f.type) for f in msgspec.structs.fields(detectors.DetectorsConfig) if f.name in names]
     assert tables == [(d.name, d.Settings) for d in detectors.REGISTRY]
+
+
+@pytest.mark.parametrize(
+    ("tree", "hint"),
+    [
+        ({"stream": {"max_agee_s": 1}}, "did you mean 'max_age_s'?"),
+        ({"canary": {"jobs": [{"name": "a", "command": "x", "fault_stp": 1}]}}, "did you mean 'fault_step'?"),
+    ],
+    ids=["a table", "an item of a list of tables"],
+)
+def test_a_mistyped_key_inside_a_table_is_told_the_closest_key_of_that_table(tree: dict[str, Any], hint: str) -> None:
+    with pytest.raises(msgspec.ValidationError, match=re.escape(hint)):
+        convert(tree, DaemonConfig)
+
+
+def test_the_field_at_an_error_path_keeps_its_meta_and_a_path_off_the_structs_is_none() -> None:
+    name = field_type_at(DaemonConfig, "$.canary.jobs[1].name")
+    assert get_origin(name) is Annotated and get_args(name)[0] is str
+    assert any(isinstance(m, msgspec.Meta) and m.description for m in get_args(name)[1:])
+    assert field_type_at(DaemonConfig, "$.stream.nope") is None
+    assert field_type_at(DaemonConfig, "$.data_dir.deeper") is None
