@@ -242,6 +242,8 @@ def _meta_rule(meta: msgspec.Meta) -> str:
             parts.append(f"{sign} {value}")
     if meta.min_length is not None:
         parts.append(f"at least {meta.min_length} characters")
+    if meta.pattern is not None and meta.description:  # a pattern said in words, as the error says it
+        parts.append(meta.description)
     return ", ".join(parts)
 
 
